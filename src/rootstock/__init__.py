@@ -1,0 +1,33 @@
+"""Rootstock: many MLIPs from one ASE calculator, each in its own pre-built env.
+
+The package import is kept light on purpose: the CLI's ``--help`` and the worker's
+start-up both import it, so numpy, ase and rich are only pulled in by the modules
+that need them. ``RootstockCalculator`` is loaded on first access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rootstock.errors import RootstockError, WorkerDiedError, WorkerError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "RootstockCalculator",
+    "RootstockError",
+    "WorkerDiedError",
+    "WorkerError",
+    "__version__",
+]
+
+if TYPE_CHECKING:
+    from rootstock.runtime.calculator import RootstockCalculator
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RootstockCalculator":
+        from rootstock.runtime.calculator import RootstockCalculator
+
+        return RootstockCalculator
+    raise AttributeError(f"module 'rootstock' has no attribute {name!r}")

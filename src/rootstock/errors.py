@@ -1,0 +1,132 @@
+"""The one exception family. Only the CLI turns these into messages and exit codes.
+
+Every error carries a ``hint``: the next thing the user should do.
+"""
+
+from __future__ import annotations
+
+
+class RootstockError(Exception):
+    """Base of every error rootstock raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message}\n  hint: {self.hint}"
+        return self.message
+
+
+class UsageError(RootstockError):
+    """The command line itself is wrong (exit code 2)."""
+
+    exit_code = 2
+
+
+class RootNotFound(RootstockError):
+    """No install root could be determined, or it does not exist."""
+
+
+class LayoutError(RootstockError):
+    """``layout.json`` is unreadable or written by a newer rootstock."""
+
+
+class ConfigError(RootstockError):
+    """``config.toml`` or the cluster registry file is malformed."""
+
+
+class UnknownCluster(RootstockError):
+    """A cluster name that is not in the registry."""
+
+
+class EnvFileError(RootstockError):
+    """An environment file failed to parse or lint."""
+
+    def __init__(self, message: str, problems: list | None = None, hint: str | None = None):
+        super().__init__(message, hint)
+        self.problems = problems or []
+
+    def __str__(self) -> str:
+        lines = [self.message, *(f"  {p}" for p in self.problems)]
+        if self.hint:
+            lines.append(f"  hint: {self.hint}")
+        return "\n".join(lines)
+
+
+class EnvNotFound(RootstockError):
+    """An env name that is not registered or built in this root."""
+
+
+class BuildError(RootstockError):
+    """``uv`` failed while locking or building an env."""
+
+    def __init__(self, message: str, output: str = "", hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.output = output
+
+    def __str__(self) -> str:
+        text = self.message
+        if self.output:
+            tail = "\n".join(self.output.rstrip().splitlines()[-25:])
+            text += "\n--- uv output (last lines) ---\n" + tail
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        return text
+
+
+class LockTimeout(RootstockError):
+    """A root-wide or per-file lock could not be taken in time."""
+
+
+class CheckpointNotDeclared(RootstockError):
+    """A checkpoint id that no installed env declares."""
+
+
+class AmbiguousCheckpoint(RootstockError):
+    """A checkpoint id that only cluster variants declare, and no cluster was given."""
+
+
+class ManifestError(RootstockError):
+    """``manifest.json`` is corrupt, or written by a newer rootstock."""
+
+
+class WorkerError(RootstockError):
+    """The model raised inside the worker; carries the worker's traceback text."""
+
+    def __init__(self, message: str, remote_traceback: str = "", hint: str | None = None):
+        super().__init__(message, hint)
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.remote_traceback:
+            text += "\n--- worker traceback ---\n" + self.remote_traceback.rstrip()
+        return text
+
+
+class WorkerDiedError(WorkerError):
+    """The worker process exited while we were waiting on it."""
+
+    def __init__(self, message: str, exit_code: int | None, output_tail: str = "") -> None:
+        super().__init__(message, hint="the next calculation starts a fresh worker")
+        self.exit_code = exit_code
+        self.output_tail = output_tail
+
+    def __str__(self) -> str:
+        text = f"{self.message} (exit code {self.exit_code})"
+        if self.output_tail:
+            text += "\n--- worker output (tail) ---\n" + self.output_tail.rstrip()
+        return text
+
+
+class WorkerTimeout(WorkerError):
+    """The worker did not answer within the calculator's timeout."""
+
+
+class ProtocolError(RootstockError):
+    """A malformed or unexpected frame on the worker socket."""

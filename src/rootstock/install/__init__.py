@@ -1,0 +1,1 @@
+"""The install root: layout, env files, builds, manifest, clusters and config."""

@@ -1,0 +1,195 @@
+"""Where things live in an install, and how the root and cache root are found.
+
+Resolution order (every reader uses these two functions, CLI and calculator alike):
+
+* root: ``--root`` / ``root=``, then ``$ROOTSTOCK_ROOT``, then ``root`` in
+  config.toml, then the cluster registry entry for ``--cluster`` / ``cluster=``.
+* cache root: an explicit override, then ``cache_root`` in ``{root}/layout.json``,
+  then the registry's legacy ``cache_root`` for the root, then the root itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rootstock.errors import LayoutError, RootNotFound
+from rootstock.install.atomic import atomic_write_json
+from rootstock.install.clusters import clusters_for_root, get_cluster
+from rootstock.install.config import config_path, load_config
+
+LAYOUT_VERSION = 1
+ROOT_ENV = "ROOTSTOCK_ROOT"
+
+
+@dataclass(frozen=True)
+class InstallLayout:
+    """The paths of one install root and its (possibly separate) cache root."""
+
+    root: Path
+    cache_root: Path
+
+    @property
+    def layout_file(self) -> Path:
+        return self.root / "layout.json"
+
+    @property
+    def manifest_file(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def environments_dir(self) -> Path:
+        return self.root / "environments"
+
+    @property
+    def envs_dir(self) -> Path:
+        return self.root / "envs"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.root / ".build"
+
+    @property
+    def python_dir(self) -> Path:
+        return self.root / ".python"
+
+    @property
+    def uv_cache_dir(self) -> Path:
+        return self.root / ".uv-cache"
+
+    @property
+    def wheels_dir(self) -> Path:
+        return self.root / "wheels"
+
+    @property
+    def locks_dir(self) -> Path:
+        return self.root / ".locks"
+
+    @property
+    def home_dir(self) -> Path:
+        return self.cache_root / "home"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.cache_root / "cache"
+
+    @property
+    def usage_dir(self) -> Path:
+        return self.cache_root / "usage"
+
+    def env_dir(self, name: str) -> Path:
+        return self.envs_dir / name
+
+    def env_source(self, name: str) -> Path:
+        return self.envs_dir / name / "env_source.py"
+
+    def env_python(self, name: str) -> Path:
+        return self.envs_dir / name / "bin" / "python"
+
+    def registered_source(self, name: str) -> Path:
+        return self.environments_dir / f"{name}.py"
+
+
+def resolve_root(root: str | os.PathLike | None = None, cluster: str | None = None) -> Path:
+    """Find the install root; ``cluster`` supplies it only when nothing else does."""
+    if root:
+        return Path(root).expanduser().absolute()
+    env_root = os.environ.get(ROOT_ENV)
+    if env_root:
+        return Path(env_root).expanduser().absolute()
+    config_root = load_config().get("root")
+    if config_root:
+        return Path(str(config_root)).expanduser().absolute()
+    if cluster:
+        return get_cluster(cluster).root
+    raise RootNotFound(
+        "no install root given",
+        hint=f"pass --root PATH or --cluster NAME, set ${ROOT_ENV}, "
+        f"or run `rootstock init` (which records it in {config_path()})",
+    )
+
+
+def read_layout(root: Path) -> dict[str, Any] | None:
+    """Return ``{root}/layout.json``, or None if the install has none yet."""
+    path = Path(root) / "layout.json"
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise LayoutError(
+            f"{path} is unreadable: {exc}",
+            hint="restore it from a backup, or fix the JSON by hand",
+        ) from None
+    if not isinstance(data, dict):
+        raise LayoutError(f"{path} must hold a JSON object")
+    version = data.get("layout_version")
+    if not isinstance(version, int):
+        raise LayoutError(f"{path} has no integer layout_version")
+    if version > LAYOUT_VERSION:
+        raise LayoutError(
+            f"{path} has layout version {version}, but this rootstock understands "
+            f"only up to {LAYOUT_VERSION}",
+            hint="upgrade rootstock (pip install -U rootstock) to use this install",
+        )
+    return data
+
+
+def write_layout(root: Path, cache_root: Path | None) -> dict[str, Any]:
+    """Write a fresh ``layout.json`` declaring ``cache_root`` (None: the root itself)."""
+    from rootstock import __version__
+
+    data = {
+        "layout_version": LAYOUT_VERSION,
+        "cache_root": str(cache_root) if cache_root else None,
+        "written_by": f"rootstock {__version__}",
+        "written_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    atomic_write_json(Path(root) / "layout.json", data)
+    return data
+
+
+def resolve_cache_root(
+    root: Path, override: str | os.PathLike | None = None, cluster: str | None = None
+) -> Path:
+    """Find the cache root of ``root`` in the documented order."""
+    if override:
+        return Path(override).expanduser().absolute()
+    layout = read_layout(root)
+    if layout and layout.get("cache_root"):
+        return Path(layout["cache_root"])
+    legacy = _legacy_cache_root(root, cluster)
+    if legacy:
+        return legacy
+    return Path(root)
+
+
+def _legacy_cache_root(root: Path, cluster: str | None) -> Path | None:
+    if cluster:
+        entry = get_cluster(cluster)
+        if entry.cache_root and os.path.realpath(entry.root) == os.path.realpath(root):
+            return entry.cache_root
+    for entry in clusters_for_root(root):
+        if entry.cache_root:
+            return entry.cache_root
+    return None
+
+
+def resolve_layout(
+    root: str | os.PathLike | None = None,
+    cluster: str | None = None,
+    cache_root: str | os.PathLike | None = None,
+    must_exist: bool = True,
+) -> InstallLayout:
+    """Resolve both roots at once; with ``must_exist``, refuse a missing root."""
+    resolved = resolve_root(root, cluster)
+    if must_exist and not resolved.is_dir():
+        raise RootNotFound(
+            f"install root {resolved} does not exist",
+            hint=f"run `rootstock init --root {resolved}` first, or pass the right --root",
+        )
+    return InstallLayout(resolved, resolve_cache_root(resolved, cache_root, cluster))

@@ -1,0 +1,182 @@
+"""Inter-process locks that work on local disks, NFS and Lustre.
+
+The primary mechanism is a POSIX record lock (``fcntl.lockf``). Unlike ``flock``,
+it is forwarded to the server on NFS (lockd on v3, native on v4) and it works on
+Lustre when the filesystem is mounted with ``flock``. Where the filesystem refuses
+record locks altogether (``ENOLCK``/``ENOSYS``/``EOPNOTSUPP``, as Lustre does when
+mounted without ``flock`` or ``localflock``), the lock falls back to an atomic
+``mkdir`` of ``<path>.d`` with the owner's host and pid written inside. That
+directory is broken as stale only when its owner is on this host and no longer
+alive, so the fallback never steals a live lock from another node.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+from rootstock.errors import LockTimeout
+
+_UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP}
+_POLL_S = 0.05
+
+# POSIX record locks belong to the process, not the file descriptor: a second lock
+# on the same file from this process would "succeed", and closing any descriptor of
+# it drops them all. A per-path thread lock keeps holders inside one process apart.
+_process_locks: dict[str, threading.Lock] = {}
+_process_locks_guard = threading.Lock()
+
+
+def _process_lock(path: Path) -> threading.Lock:
+    key = os.path.realpath(path)
+    with _process_locks_guard:
+        return _process_locks.setdefault(key, threading.Lock())
+
+
+class FileLock:
+    """An exclusive lock on ``path``, held for the ``with`` block.
+
+    ``timeout`` is how long to wait for another holder before raising
+    :class:`~rootstock.errors.LockTimeout`; ``None`` waits forever.
+    """
+
+    def __init__(self, path: Path, timeout: float | None = 60.0, what: str = "lock") -> None:
+        self.path = Path(path)
+        self.timeout = timeout
+        self.what = what
+        self._fd: int | None = None
+        self._dir: Path | None = None
+
+    def acquire(self, blocking: bool = True) -> bool:
+        """Take the lock; with ``blocking=False`` return False instead of waiting."""
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        local = _process_lock(self.path)
+        wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
+        if not local.acquire(blocking, wait if blocking else -1):
+            if not blocking:
+                return False
+            raise self._timeout_error()
+        try:
+            taken = self._acquire_os(blocking, deadline)
+        except BaseException:
+            local.release()
+            raise
+        if not taken:
+            local.release()
+        return taken
+
+    def _acquire_os(self, blocking: bool, deadline: float | None) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        while True:
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._fd = fd
+                return True
+            except OSError as exc:
+                if exc.errno in _UNSUPPORTED:
+                    os.close(fd)
+                    return self._acquire_dir(blocking, deadline)
+                if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+            if not blocking or (deadline is not None and time.monotonic() > deadline):
+                os.close(fd)
+                if not blocking:
+                    return False
+                raise self._timeout_error()
+            time.sleep(_POLL_S)
+
+    def _acquire_dir(self, blocking: bool, deadline: float | None) -> bool:
+        lock_dir = self.path.with_name(self.path.name + ".d")
+        while True:
+            try:
+                lock_dir.mkdir()
+                owner = {"host": socket.gethostname(), "pid": os.getpid(), "t": time.time()}
+                (lock_dir / "owner.json").write_text(json.dumps(owner))
+                self._dir = lock_dir
+                return True
+            except FileExistsError:
+                if _dir_lock_is_stale(lock_dir):
+                    shutil.rmtree(lock_dir, ignore_errors=True)
+                    continue
+            if not blocking:
+                return False
+            if deadline is not None and time.monotonic() > deadline:
+                raise self._timeout_error()
+            time.sleep(_POLL_S)
+
+    def release(self) -> None:
+        """Release the lock if held."""
+        held = self._fd is not None or self._dir is not None
+        if self._fd is not None:
+            try:
+                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        if held:
+            _process_lock(self.path).release()
+
+    def _timeout_error(self) -> LockTimeout:
+        return LockTimeout(
+            f"timed out after {self.timeout:.0f} s waiting for the {self.what} ({self.path})",
+            hint="another rootstock process holds it; wait for it to finish, then retry",
+        )
+
+    def __enter__(self) -> FileLock:
+        self.acquire()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+def is_locked(path: Path) -> bool:
+    """True when another process holds the lock on ``path`` right now."""
+    if not Path(path).exists() and not Path(str(path) + ".d").exists():
+        return False
+    if _process_lock(Path(path)).locked():
+        return True
+    probe = FileLock(path, timeout=0)
+    if probe.acquire(blocking=False):
+        probe.release()
+        return False
+    return True
+
+
+def _dir_lock_is_stale(lock_dir: Path) -> bool:
+    try:
+        owner = json.loads((lock_dir / "owner.json").read_text())
+    except (OSError, ValueError):
+        # Owner file not written yet (the holder is between mkdir and write) or torn;
+        # treat as live unless it is old.
+        try:
+            return time.time() - lock_dir.stat().st_mtime > 600
+        except OSError:
+            return True
+    if owner.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(owner["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, ValueError):
+        return False
+    return False
