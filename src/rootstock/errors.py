@@ -73,7 +73,7 @@ class BuildError(RootstockError):
         text = self.message
         if self.output:
             tail = "\n".join(self.output.rstrip().splitlines()[-25:])
-            text += "\n--- uv output (last lines) ---\n" + tail
+            text += "\n--- output (last lines) ---\n" + tail
         if self.hint:
             text += f"\n  hint: {self.hint}"
         return text

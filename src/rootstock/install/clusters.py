@@ -68,7 +68,7 @@ def load_registry() -> dict[str, Cluster]:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(
             f"cannot read the cluster registry {path}: {exc}",
-            hint="fix the TOML; each entry is [clusters.NAME] with root = \"/path\"",
+            hint='fix the TOML; each entry is [clusters.NAME] with root = "/path"',
         ) from None
     entries = data.get("clusters", {})
     if not isinstance(entries, dict):
@@ -76,7 +76,7 @@ def load_registry() -> dict[str, Cluster]:
     for name, entry in entries.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("root"), str):
             raise ConfigError(
-                f"{path}: [clusters.{name}] needs root = \"/path\"",
+                f'{path}: [clusters.{name}] needs root = "/path"',
                 hint="add a root key with the install root of that cluster",
             )
         cache = entry.get("cache_root")

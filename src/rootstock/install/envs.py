@@ -45,7 +45,9 @@ def installed_env_names(layout: InstallLayout) -> list[str]:
     if not layout.envs_dir.is_dir():
         return []
     return sorted(
-        p.name for p in layout.envs_dir.iterdir() if (p / "env_source.py").is_file()
+        p.name
+        for p in layout.envs_dir.iterdir()
+        if not p.name.startswith(".") and (p / "env_source.py").is_file()
     )
 
 
@@ -101,7 +103,7 @@ def resolve_checkpoint(
         raise AmbiguousCheckpoint(
             f"checkpoint {checkpoint!r} is only declared by cluster variants "
             f"(for {', '.join(clusters)})",
-            hint="say which machine this is: cluster=\"NAME\" or --cluster NAME",
+            hint='say which machine this is: cluster="NAME" or --cluster NAME',
         )
     if chosen is None:
         raise _not_declared(layout, checkpoint, envs_on_cluster(envs, cluster_key), cluster)

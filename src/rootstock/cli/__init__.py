@@ -1,0 +1,1 @@
+"""The command line: argument parsing, rendering and exit codes only."""

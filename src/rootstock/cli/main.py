@@ -1,0 +1,87 @@
+"""``rootstock``: the entry point.
+
+Subcommands are imported only when they run, so ``rootstock --help`` stays as
+fast as a bare interpreter start (no rich, numpy or ase on that path). The short
+help of each command therefore lives in the table below as well as in the
+command's own docstring.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+# name -> (module, attribute, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "init": ("rootstock.cli.init_cmd", "init", "Create an install root and your config."),
+    "install": ("rootstock.cli.install_cmd", "install", "Build env files into isolated envs."),
+    "list": ("rootstock.cli.list_cmd", "list_envs", "List envs and their checkpoint ids."),
+    "status": ("rootstock.cli.status_cmd", "status", "Show envs, build state and checkpoints."),
+    "resolve": ("rootstock.cli.resolve_cmd", "resolve", "Show where a cluster's install lives."),
+    "new-env": ("rootstock.cli.new_env_cmd", "new_env", "Write a template env file."),
+    "serve": ("rootstock.cli.serve_cmd", "serve", "Serve a checkpoint to an i-PI driver."),
+}
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rootstock", message="rootstock %(version)s")
+@click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Run many machine-learned interatomic potentials from one ASE calculator.
+
+    Maintainers build model environments into a shared install root
+    (init, install, add); users compute with RootstockCalculator.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; turn rootstock errors into messages and exit codes."""
+    from rootstock.errors import RootstockError
+
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="rootstock", standalone_mode=False)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        return 130
+    except RootstockError as exc:
+        if debug:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+"""Building one env: lock with uv, create the venv, install, swap into place.
+
+The env is assembled in ``{root}/.build/`` and becomes visible only by an atomic
+rename of the ``envs/<name>`` symlink, so users keep spawning workers from the old
+env for the whole build and a failed build leaves the old env untouched. The
+previous build is kept one generation, because workers already running from it
+may still import lazily from its files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rootstock.errors import BuildError
+from rootstock.install.atomic import atomic_write_json
+from rootstock.install.envfile import EnvFile, source_hash
+from rootstock.install.envs import ENV_METADATA
+from rootstock.install.interpreters import Interpreter
+from rootstock.install.layout import InstallLayout
+from rootstock.install.uv import run_uv, uv_binary
+from rootstock.install.vendor import vendor_wheel
+
+Reporter = Callable[[str], None]
+_PEP723_BLOCK = re.compile(r"(?m)^# /// script$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
+_VERSIONS_PROBE = (
+    "import json, sys\n"
+    "from importlib import metadata\n"
+    "def v(name):\n"
+    "    try:\n"
+    "        return metadata.version(name)\n"
+    "    except metadata.PackageNotFoundError:\n"
+    "        return None\n"
+    "import py_compile\n"
+    "py_compile.compile(sys.argv[1], doraise=True)\n"
+    "import numpy, ase, rootstock\n"
+    "print(json.dumps({'python': '%d.%d.%d' % sys.version_info[:3], 'torch': v('torch'),"
+    " 'ase': v('ase'), 'numpy': v('numpy'), 'rootstock': v('rootstock')}))\n"
+)
+
+
+@dataclass
+class BuildOptions:
+    """What the maintainer asked for on the command line."""
+
+    upgrade: bool = False
+    find_links: list[str] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+    verbose: bool = False
+
+
+@dataclass
+class BuildResult:
+    """What a finished build produced (before it is registered)."""
+
+    name: str
+    staging: Path
+    lock_text: str | None
+    metadata: dict
+    warnings: list[str]
+
+
+def collect_constraints(options: BuildOptions) -> list[str]:
+    """Constraint lines from ``--constraint`` files and ``$UV_CONSTRAINT``.
+
+    ``uv lock`` ignores ``UV_CONSTRAINT``, so the build copies them into the
+    script's ``[tool.uv] constraint-dependencies`` where the resolver sees them.
+    """
+    files = list(options.constraints)
+    files += os.environ.get("UV_CONSTRAINT", "").split()
+    lines: list[str] = []
+    for name in files:
+        try:
+            text = Path(name).expanduser().read_text()
+        except OSError as exc:
+            raise BuildError(f"cannot read constraint file {name}: {exc}") from None
+        for raw in text.splitlines():
+            line = raw.split("#", 1)[0].strip()
+            if line and not line.startswith("-"):
+                lines.append(line)
+    return lines
+
+
+def render_build_script(env: EnvFile, constraints: list[str], find_links: list[str]) -> str:
+    """The env file with build-time uv settings merged into its PEP 723 block."""
+    if not constraints and not find_links:
+        return env.source
+    meta = json.loads(json.dumps(env.script_metadata))  # deep copy
+    tool_uv = meta.setdefault("tool", {}).setdefault("uv", {})
+    if constraints:
+        tool_uv["constraint-dependencies"] = [
+            *tool_uv.get("constraint-dependencies", []),
+            *constraints,
+        ]
+    if find_links:
+        tool_uv["find-links"] = [
+            *tool_uv.get("find-links", []),
+            *(str(Path(f).expanduser().absolute()) for f in find_links),
+        ]
+    block = (
+        "# /// script\n"
+        + "".join(f"# {line}\n" if line else "#\n" for line in _dump_toml(meta).splitlines())
+        + "# ///"
+    )
+    match = _PEP723_BLOCK.search(env.source)
+    assert match is not None  # the env file passed lint, which requires the block
+    return env.source[: match.start()] + block + env.source[match.end() :]
+
+
+def _dump_toml(meta: dict) -> str:
+    plain = {k: v for k, v in meta.items() if not isinstance(v, dict)}
+    lines = [f"{k} = {_toml_value(v)}" for k, v in plain.items()]
+    for key, value in meta.items():
+        if isinstance(value, dict):
+            lines += _dump_table([key], value)
+    return "\n".join(lines)
+
+
+def _dump_table(path: list[str], table: dict) -> list[str]:
+    lines = ["", f"[{'.'.join(path)}]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    for key, value in table.items():
+        if isinstance(value, dict):
+            lines += _dump_table([*path, key], value)
+    return lines
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value))  # a JSON string is a valid TOML basic string
+
+
+def build_env(
+    layout: InstallLayout,
+    env: EnvFile,
+    interpreter: Interpreter,
+    options: BuildOptions,
+    previous_lock: str | None,
+    step: Reporter,
+) -> BuildResult:
+    """Build ``env`` into a fresh staging directory under ``{root}/.build/``."""
+    layout.build_dir.mkdir(parents=True, exist_ok=True)
+    build_id = f"{int(time.time())}-{secrets.token_hex(3)}"
+    staging = layout.build_dir / f"{env.name}.{build_id}"
+    work = layout.build_dir / f"{staging.name}.work"
+    work.mkdir()
+    try:
+        return _build_into(
+            layout, env, interpreter, options, previous_lock, step, staging, work, build_id
+        )
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _build_into(layout, env, interpreter, options, previous_lock, step, staging, work, build_id):
+    warnings: list[str] = []
+    constraints = collect_constraints(options)
+    script = work / f"{env.name}.py"
+    script.write_text(render_build_script(env, constraints, options.find_links))
+    lock_path = work / f"{env.name}.py.lock"
+    if previous_lock and not options.upgrade:
+        lock_path.write_text(previous_lock)
+    find_links = [a for f in options.find_links for a in ("--find-links", f)]
+    py = ["--python", str(interpreter.path)]
+
+    step("resolving dependencies" + (" (upgrade)" if options.upgrade else ""))
+    lock_text: str | None = None
+    requirements = work / "requirements.txt"
+    try:
+        run_uv(
+            layout,
+            ["lock", "--script", script, *py, *(["--upgrade"] if options.upgrade else [])],
+            what=f"locking {env.name}",
+            verbose=options.verbose,
+        )
+        run_uv(
+            layout,
+            [
+                "export",
+                "--script",
+                script,
+                "--frozen",
+                "--no-hashes",
+                "--no-header",
+                "--no-annotate",
+                *py,
+                "-o",
+                requirements,
+            ],
+            what=f"exporting the lock of {env.name}",
+            verbose=options.verbose,
+        )
+        lock_text = lock_path.read_text()
+        install_args = ["--no-deps", "-r", requirements]
+    except BuildError as exc:
+        warnings.append(
+            f"warning: {env.name} could not be locked ({exc.message}); building "
+            "without a lockfile, so rebuilds may resolve differently"
+        )
+        requirements.write_text("\n".join(env.dependencies) + "\n")
+        constraint_file = work / "constraints.txt"
+        constraint_file.write_text("\n".join(constraints) + "\n")
+        install_args = ["-r", requirements, "-c", constraint_file]
+
+    step(f"creating the venv on Python {interpreter.version}")
+    run_uv(
+        layout,
+        ["venv", "--relocatable", "--no-project", *py, staging],
+        what=f"creating the venv for {env.name}",
+        verbose=options.verbose,
+    )
+    wheel = vendor_wheel(layout.wheels_dir)
+    step("installing packages and compiling bytecode")
+    run_uv(
+        layout,
+        [
+            "pip",
+            "install",
+            "--python",
+            staging / "bin" / "python",
+            "--compile-bytecode",
+            *find_links,
+            *install_args,
+            wheel,
+        ],
+        what=f"installing {env.name}'s packages",
+        verbose=options.verbose,
+    )
+
+    step("checking the env")
+    (staging / "env_source.py").write_text(env.source)
+    if lock_text is not None:
+        (staging / "env_source.py.lock").write_text(lock_text)
+    # The probe also compiles env_source.py: workers on a read-only shared
+    # filesystem cannot write bytecode, so the env ships it.
+    versions = _probe_versions(layout, staging, env.name)
+    metadata = {
+        "name": env.name,
+        "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "build_id": build_id,
+        "source_hash": source_hash(env.source),
+        "lock_hash": source_hash(lock_text) if lock_text is not None else None,
+        "interpreter": interpreter.to_dict(),
+        "versions": versions,
+        "uv": _uv_version(),
+        "locked": lock_text is not None,
+    }
+    atomic_write_json(staging / ENV_METADATA, metadata)
+    return BuildResult(env.name, staging, lock_text, metadata, warnings)
+
+
+def _probe_versions(layout: InstallLayout, staging: Path, name: str) -> dict:
+    import subprocess
+
+    from rootstock.install.uv import uv_environment
+
+    try:
+        out = subprocess.run(
+            [
+                str(staging / "bin" / "python"),
+                "-I",
+                "-c",
+                _VERSIONS_PROBE,
+                str(staging / "env_source.py"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+            env=uv_environment(layout),
+            stdin=subprocess.DEVNULL,
+        ).stdout
+        return json.loads(out.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError, OSError) as exc:
+        output = getattr(exc, "stderr", "") or ""
+        raise BuildError(
+            f"the built env {name!r} cannot import numpy, ase and rootstock",
+            output,
+            hint="the env must provide numpy and ase (add them to the env file's dependencies)",
+        ) from None
+
+
+def _uv_version() -> str | None:
+    import subprocess
+
+    try:
+        return subprocess.run(
+            [uv_binary(), "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.split()[1]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def activate(layout: InstallLayout, result: BuildResult) -> Path:
+    """Make ``result`` the live ``envs/<name>`` by an atomic symlink swap.
+
+    Returns the final directory. Builds older than the one being replaced are
+    removed; the replaced one stays for workers that are still running from it.
+    """
+    layout.envs_dir.mkdir(parents=True, exist_ok=True)
+    final = layout.envs_dir / f".{result.name}.{result.metadata['build_id']}"
+    os.replace(result.staging, final)
+    link = layout.env_dir(result.name)
+    previous = Path(os.path.realpath(link)) if link.is_symlink() else None
+    if link.exists() and not link.is_symlink():
+        # An env from a layout without symlinks: move it aside, once.
+        os.replace(link, layout.envs_dir / f".{result.name}.legacy-{int(time.time())}")
+    tmp_link = layout.envs_dir / f".{result.name}.link-{secrets.token_hex(4)}"
+    os.symlink(final.name, tmp_link)
+    os.replace(tmp_link, link)
+    _prune_old_builds(layout, result.name, keep={final, previous})
+    return final
+
+
+def _prune_old_builds(layout: InstallLayout, name: str, keep: set) -> None:
+    for candidate in layout.envs_dir.glob(f".{name}.*"):
+        if candidate.is_symlink() or Path(os.path.realpath(candidate)) in keep:
+            continue
+        if candidate.is_dir():
+            shutil.rmtree(candidate, ignore_errors=True)
+
+
+def read_env_metadata(layout: InstallLayout, name: str) -> dict | None:
+    """The ``rootstock-env.json`` of a built env, or None."""
+    try:
+        return json.loads((layout.env_dir(name) / ENV_METADATA).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def script_metadata_text(text: str) -> dict:
+    """Parse a PEP 723 block's TOML (used by tests of the rendered build script)."""
+    match = _PEP723_BLOCK.search(text)
+    if not match:
+        return {}
+    content = "".join(
+        r[2:] if r.startswith("# ") else r[1:]
+        for r in match.group("content").splitlines(keepends=True)
+    )
+    return tomllib.loads(content)

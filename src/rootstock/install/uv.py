@@ -1,0 +1,114 @@
+"""The one place rootstock runs ``uv``.
+
+Every call goes through :func:`run_uv`, which scrubs the environment (no
+PYTHONPATH, no user site, no active venv), points uv's cache and managed Pythons
+into the install root, redirects HOME and the XDG/HF caches into the cache root,
+and relays uv's output when it fails. uv's own settings (``UV_INDEX_URL``,
+``UV_FIND_LINKS``, ``UV_CONSTRAINT``, a user ``uv.toml``) pass through untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from rootstock.errors import BuildError
+from rootstock.install.layout import InstallLayout
+
+log = logging.getLogger("rootstock.build")
+
+_SCRUBBED = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "PYTHONUSERBASE",
+    "UV_PROJECT_ENVIRONMENT",
+    "UV_PYTHON",
+)
+
+
+def uv_binary() -> str:
+    """The uv executable: the one shipped by the ``uv`` PyPI package, else PATH."""
+    try:
+        from uv import find_uv_bin
+
+        return find_uv_bin()
+    except (ImportError, FileNotFoundError):
+        found = shutil.which("uv")
+        if found:
+            return found
+    raise BuildError(
+        "cannot find the uv executable",
+        hint="reinstall rootstock (it depends on the `uv` package), or put uv on PATH",
+    )
+
+
+def uv_environment(layout: InstallLayout) -> dict[str, str]:
+    """The environment every uv subprocess runs with."""
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED}
+    real_home = Path.home()
+    user_config = Path(os.environ.get("XDG_CONFIG_HOME", real_home / ".config")) / "uv" / "uv.toml"
+    if "UV_CONFIG_FILE" not in env and user_config.is_file():
+        # HOME is redirected below; keep the maintainer's own uv settings visible.
+        env["UV_CONFIG_FILE"] = str(user_config)
+    env.update(
+        PYTHONNOUSERSITE="1",
+        UV_CACHE_DIR=str(layout.uv_cache_dir),
+        UV_PYTHON_INSTALL_DIR=str(layout.python_dir),
+        HOME=str(layout.home_dir),
+        XDG_CACHE_HOME=str(layout.cache_dir),
+        HF_HOME=str(layout.cache_dir / "huggingface"),
+        UV_NO_PROGRESS="1",
+    )
+    return env
+
+
+def run_uv(
+    layout: InstallLayout,
+    args: Sequence[str | os.PathLike],
+    *,
+    what: str,
+    verbose: bool = False,
+    timeout: float | None = None,
+    extra_env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> str:
+    """Run ``uv ARGS``; return its combined output, or raise :class:`BuildError`.
+
+    With ``verbose`` the output streams to the terminal as it happens (and is not
+    returned); otherwise it is captured and shown only if uv fails.
+    """
+    cmd = [uv_binary(), *map(str, args)]
+    env = uv_environment(layout)
+    if extra_env:
+        env.update(extra_env)
+    log.debug("running %s", " ".join(cmd))
+    try:
+        proc = subprocess.run(
+            cmd,
+            env=env,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=None if verbose else subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        output = exc.output if isinstance(exc.output, str) else ""
+        raise BuildError(f"uv timed out after {timeout:.0f} s while {what}", output) from None
+    output = proc.stdout or ""
+    if proc.returncode != 0:
+        raise BuildError(
+            f"uv failed while {what} (exit code {proc.returncode})",
+            output,
+            hint="re-run with -v to see uv's full output",
+        )
+    return output

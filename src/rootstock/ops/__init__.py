@@ -1,0 +1,1 @@
+"""One function per user-visible operation. Operations return results; they never print."""

@@ -1,0 +1,238 @@
+"""``rootstock install``: lint, lock, build and register env files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rootstock.errors import EnvFileError, EnvNotFound, LockTimeout, RootstockError
+from rootstock.install.atomic import atomic_write_text
+from rootstock.install.build import BuildOptions, activate, build_env, read_env_metadata
+from rootstock.install.envfile import EnvFile, id_conflicts, read_env_file
+from rootstock.install.envs import installed_env_names, load_installed_envs
+from rootstock.install.interpreters import (
+    Interpreter,
+    choose_interpreter,
+    probe_interpreter,
+)
+from rootstock.install.layout import InstallLayout, read_layout, write_layout
+from rootstock.install.locking import FileLock
+
+Reporter = Callable[[str], None]
+
+
+@dataclass
+class InstallOutcome:
+    """The result of installing one env file."""
+
+    name: str
+    status: str  # "built", "unchanged" or "failed"
+    env_dir: Path | None = None
+    interpreter: dict | None = None
+    versions: dict | None = None
+    notes: list[str] = field(default_factory=list)
+    error: RootstockError | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "env_dir": str(self.env_dir) if self.env_dir else None,
+            "interpreter": self.interpreter,
+            "versions": self.versions,
+            "notes": self.notes,
+            "error": str(self.error) if self.error else None,
+        }
+
+
+@contextlib.contextmanager
+def maintainer_umask() -> Iterator[None]:
+    """Force umask 002 so every file this process and its children create is
+    world-readable and group-writable, whatever the maintainer's own umask is."""
+    previous = os.umask(0o002)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def root_lock(layout: InstallLayout, timeout: float = 120.0) -> FileLock:
+    """The root-wide registration lock (held for seconds, never for a build)."""
+    return FileLock(layout.locks_dir / "root.lock", timeout=timeout, what="install-root lock")
+
+
+def expand_targets(layout: InstallLayout, target: str) -> list[Path]:
+    """Turn a file, a directory or a registered env name into env-file paths."""
+    path = Path(target).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.py") if p.is_file())
+        if not files:
+            raise EnvFileError(f"{path} contains no *.py env files")
+        return files
+    if path.is_file():
+        return [path]
+    if path.suffix == ".py" or os.sep in target:
+        raise EnvFileError(f"env file {path} does not exist")
+    registered = layout.registered_source(target)
+    if registered.is_file():
+        return [registered]
+    raise EnvNotFound(
+        f"{target!r} is neither a file nor a registered env in {layout.root}",
+        hint="pass the path of an env file, e.g. `rootstock install environments/emt.py`",
+    )
+
+
+def install(
+    layout: InstallLayout,
+    target: str,
+    *,
+    force: bool = False,
+    options: BuildOptions | None = None,
+    python: str | None = None,
+    step: Reporter = lambda _msg: None,
+) -> list[InstallOutcome]:
+    """Install every env file ``target`` names; one outcome per file.
+
+    A directory installs each file in turn and keeps going past failures; a single
+    file raises its error instead.
+    """
+    options = options or BuildOptions()
+    paths = expand_targets(layout, target)
+    outcomes: list[InstallOutcome] = []
+    with maintainer_umask():
+        _prepare_root(layout)
+        for path in paths:
+            try:
+                outcomes.append(install_one(layout, path, force, options, python, step))
+            except RootstockError as exc:
+                if len(paths) == 1:
+                    raise
+                outcomes.append(InstallOutcome(path.stem, "failed", error=exc))
+    return outcomes
+
+
+def _prepare_root(layout: InstallLayout) -> None:
+    for directory in (
+        layout.environments_dir,
+        layout.envs_dir,
+        layout.locks_dir,
+        layout.home_dir,
+        layout.cache_dir,
+    ):
+        directory.mkdir(parents=True, exist_ok=True)
+    if read_layout(layout.root) is None:
+        # Record the missing declaration; never change an existing one (only init may).
+        with root_lock(layout):
+            if read_layout(layout.root) is None:
+                cache = None if layout.cache_root == layout.root else layout.cache_root
+                write_layout(layout.root, cache)
+
+
+def install_one(
+    layout: InstallLayout,
+    path: Path,
+    force: bool,
+    options: BuildOptions,
+    python: str | None,
+    step: Reporter,
+) -> InstallOutcome:
+    """Lint, build and register one env file."""
+    env = read_env_file(path)
+    name = env.name
+    registered = layout.registered_source(name)
+    installed = name in installed_env_names(layout)
+    if installed and not force:
+        same = registered.is_file() and registered.read_text() == env.source
+        if same:
+            return InstallOutcome(
+                name,
+                "unchanged",
+                layout.env_dir(name),
+                notes=[f"{name} is already installed; pass --force to rebuild"],
+            )
+        raise EnvFileError(
+            f"env {name!r} is already installed from a different source",
+            hint=f"pass --force to rebuild it from {path}",
+        )
+    env_lock = FileLock(layout.locks_dir / f"env-{name}.lock", timeout=0, what=f"{name} build lock")
+    if not env_lock.acquire(blocking=False):
+        raise LockTimeout(
+            f"another `rootstock install` of {name!r} is running",
+            hint="wait for it to finish, then retry",
+        )
+    try:
+        with root_lock(layout):
+            _check_conflicts(layout, env)
+        step(f"{name}: choosing the interpreter")
+        choice = _interpreter_for(layout, env, python, options.verbose, force)
+        for note in choice[1]:
+            step(f"{name}: {note}")
+        lock_file = layout.environments_dir / f"{name}.py.lock"
+        previous_lock = lock_file.read_text() if lock_file.is_file() else None
+        result = build_env(
+            layout, env, choice[0], options, previous_lock, lambda msg: step(f"{name}: {msg}")
+        )
+        step(f"{name}: registering")
+        with root_lock(layout):
+            _check_conflicts(layout, env)
+            atomic_write_text(registered, env.source)
+            if result.lock_text is not None:
+                atomic_write_text(lock_file, result.lock_text)
+            activate(layout, result)
+            _record_build(layout, name, result.metadata)
+    finally:
+        env_lock.release()
+    return InstallOutcome(
+        name,
+        "built",
+        layout.env_dir(name),
+        result.metadata["interpreter"],
+        result.metadata["versions"],
+        notes=[*choice[1], *result.warnings],
+    )
+
+
+def _check_conflicts(layout: InstallLayout, env: EnvFile) -> None:
+    installed, _ = load_installed_envs(layout)
+    problems = id_conflicts(env, installed)
+    if problems:
+        raise EnvFileError(f"{env.path} declares checkpoint ids that are already taken", problems)
+
+
+def _interpreter_for(
+    layout: InstallLayout, env: EnvFile, python: str | None, verbose: bool, rebuild: bool
+) -> tuple[Interpreter, list[str]]:
+    if not python and rebuild:
+        recorded = (read_env_metadata(layout, env.name) or {}).get("interpreter") or {}
+        if recorded.get("path") and Path(recorded["path"]).exists():
+            interp = probe_interpreter(recorded["path"], "recorded")
+            from packaging.specifiers import SpecifierSet
+
+            if interp and SpecifierSet(env.requires_python or "").contains(
+                interp.version, prereleases=True
+            ):
+                return interp, [f"reusing the recorded interpreter {interp.path}"]
+    choice = choose_interpreter(layout, env.requires_python, str(env.path), python, verbose)
+    return choice.interpreter, choice.notes
+
+
+def _record_build(layout: InstallLayout, name: str, metadata: dict) -> None:
+    from rootstock.install.manifest import record_env_build
+
+    versions = metadata.get("versions") or {}
+    record_env_build(
+        layout,
+        name,
+        {
+            "source_hash": metadata["source_hash"],
+            "lock_hash": metadata.get("lock_hash"),
+            "built_at": metadata["built_at"],
+            "python": versions.get("python"),
+            "python_path": (metadata.get("interpreter") or {}).get("path"),
+            "torch": versions.get("torch"),
+            "rootstock": versions.get("rootstock"),
+        },
+    )
