@@ -193,3 +193,39 @@ def resolve_layout(
             hint=f"run `rootstock init --root {resolved}` first, or pass the right --root",
         )
     return InstallLayout(resolved, resolve_cache_root(resolved, cache_root, cluster))
+
+
+def explain_resolution(
+    root: str | os.PathLike | None = None,
+    cluster: str | None = None,
+    cache_root: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Resolve both roots and say which rule supplied each (for ``rootstock resolve``)."""
+    if root:
+        root_source = "--root"
+    elif os.environ.get(ROOT_ENV):
+        root_source = f"${ROOT_ENV}"
+    elif load_config().get("root"):
+        root_source = f"config ({config_path()})"
+    else:
+        root_source = f"cluster registry ({cluster})" if cluster else "none"
+    resolved = resolve_root(root, cluster)
+    layout = read_layout(resolved) if resolved.is_dir() else None
+    if cache_root:
+        cache_source = "--cache-root"
+    elif layout and layout.get("cache_root"):
+        cache_source = "layout.json"
+    elif _legacy_cache_root(resolved, cluster):
+        cache_source = "cluster registry (legacy cache_root)"
+    else:
+        cache_source = "the install root itself"
+    return {
+        "root": str(resolved),
+        "root_source": root_source,
+        "root_exists": resolved.is_dir(),
+        "cache_root": str(resolve_cache_root(resolved, cache_root, cluster)),
+        "cache_root_source": cache_source,
+        "layout_version": layout.get("layout_version") if layout else None,
+        "cluster": cluster,
+        "siblings": sorted(c.name for c in clusters_for_root(resolved)),
+    }

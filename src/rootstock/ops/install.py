@@ -92,6 +92,7 @@ def install(
     force: bool = False,
     options: BuildOptions | None = None,
     python: str | None = None,
+    cluster: str | None = None,
     step: Reporter = lambda _msg: None,
 ) -> list[InstallOutcome]:
     """Install every env file ``target`` names; one outcome per file.
@@ -103,7 +104,7 @@ def install(
     paths = expand_targets(layout, target)
     outcomes: list[InstallOutcome] = []
     with maintainer_umask():
-        _prepare_root(layout)
+        _prepare_root(layout, cluster)
         for path in paths:
             try:
                 outcomes.append(install_one(layout, path, force, options, python, step))
@@ -114,7 +115,7 @@ def install(
     return outcomes
 
 
-def _prepare_root(layout: InstallLayout) -> None:
+def _prepare_root(layout: InstallLayout, cluster: str | None) -> None:
     for directory in (
         layout.environments_dir,
         layout.envs_dir,
@@ -129,6 +130,12 @@ def _prepare_root(layout: InstallLayout) -> None:
             if read_layout(layout.root) is None:
                 cache = None if layout.cache_root == layout.root else layout.cache_root
                 write_layout(layout.root, cache)
+    if not layout.manifest_file.exists():
+        # Every install has a manifest, even on a root that `init` never saw.
+        from rootstock.install.manifest import ensure_manifest
+        from rootstock.ops.init import suggest_cluster
+
+        ensure_manifest(layout, [cluster or suggest_cluster(layout.root)])
 
 
 def install_one(

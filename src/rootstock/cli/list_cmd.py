@@ -1,0 +1,36 @@
+"""``rootstock list``."""
+
+from __future__ import annotations
+
+import click
+
+from rootstock.cli.common import console, emit_json, layout_from, root_options, table, warn
+
+
+@click.command("list")
+@root_options
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def list_envs(root, cluster, cache_root, as_json):
+    """List installed envs, their checkpoint ids, custom entries and variants."""
+    from rootstock.ops.listing import list_envs as run_list
+
+    result = run_list(layout_from(root, cluster, cache_root))
+    if as_json:
+        emit_json(result)
+        return
+    for line in result["warnings"]:
+        warn(line)
+    if not result["envs"]:
+        click.echo(
+            f"no envs installed in {result['root']}; try: rootstock install environments/emt.py"
+        )
+        return
+    tab = table(f"envs in {result['root']}", ["env", "checkpoints", "custom", "clusters"])
+    for env in result["envs"]:
+        tab.add_row(
+            env["name"],
+            ", ".join(env["checkpoints"]) or "-",
+            ", ".join(env["custom"]) or "-",
+            ", ".join(env["clusters"]) if env["clusters"] else "all",
+        )
+    console().print(tab)

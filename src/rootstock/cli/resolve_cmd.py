@@ -1,0 +1,33 @@
+"""``rootstock resolve``: where an install lives, and why."""
+
+from __future__ import annotations
+
+import click
+
+from rootstock.cli.common import emit_json, root_options
+
+
+@click.command()
+@root_options
+@click.option("--json", "as_json", is_flag=True, help="Print the resolution as JSON.")
+def resolve(root, cluster, cache_root, as_json):
+    """Show the install root and cache root, and which rule supplied each.
+
+    Order: --root, $ROOTSTOCK_ROOT, config.toml, then the cluster registry for the
+    root; --cache-root, layout.json, the registry's legacy cache_root, then the root.
+    """
+    from rootstock.install.layout import explain_resolution
+
+    info = explain_resolution(root, cluster, cache_root)
+    if as_json:
+        emit_json(info)
+        return
+    click.echo(
+        f"root:       {info['root']}  (from {info['root_source']})"
+        + ("" if info["root_exists"] else "  [does not exist yet]")
+    )
+    click.echo(f"cache root: {info['cache_root']}  (from {info['cache_root_source']})")
+    if info["layout_version"] is not None:
+        click.echo(f"layout:     version {info['layout_version']}")
+    if info["siblings"]:
+        click.echo(f"clusters sharing this root: {', '.join(info['siblings'])}")

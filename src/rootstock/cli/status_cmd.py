@@ -1,0 +1,98 @@
+"""``rootstock status``."""
+
+from __future__ import annotations
+
+import click
+
+from rootstock.cli.common import console, emit_json, layout_from, root_options, table, warn
+
+_STYLE = {
+    "verified": "green",
+    "failed": "red",
+    "drifted": "magenta",
+    "stale": "yellow",
+    "fetched": "cyan",
+    "not fetched": "dim",
+}
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def describe_state(state: dict) -> str:
+    """One cell of the grid: the state, its device and age, or the failure reason."""
+    text = state["state"]
+    if text in ("verified", "drifted", "stale", "failed") and state.get("device"):
+        text += f" ({state['device']}, {_age(state.get('age_s'))})"
+    if text.startswith(("failed", "stale")) and state.get("message"):
+        text += f": {state['message']}"
+    style = _STYLE.get(state["state"], "")
+    return f"[{style}]{text}[/{style}]" if style else text
+
+
+@click.command()
+@root_options
+@click.option("--sizes", is_flag=True, help="Also measure env and cache sizes (slow on Lustre).")
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status(root, cluster, cache_root, sizes, as_json):
+    """Show envs, their build state, and every checkpoint's state per cluster."""
+    from rootstock.ops.status import status as run_status
+
+    doc = run_status(layout_from(root, cluster, cache_root), cluster, sizes)
+    if as_json:
+        emit_json(doc)
+        return
+    for line in doc["warnings"]:
+        warn(line)
+    out = console()
+    out.print(
+        f"root: {doc['root']}   cache root: {doc['cache_root']}   "
+        f"clusters: {', '.join(doc['clusters']) or '-'}"
+    )
+    columns = ["env", "state", "python", "torch", "built"] + (["size"] if sizes else [])
+    envs = table("envs", columns)
+    for env in doc["envs"]:
+        state = env["state"] + (" (hotfixed)" if env["hotfixed"] else "")
+        cells = [
+            env["name"],
+            state,
+            env["python"] or "-",
+            env["torch"] or "-",
+            (env["built_at"] or "-").replace("T", " ").replace("+00:00", "Z"),
+        ]
+        if sizes:
+            cells.append(_size(env.get("size_bytes")))
+        envs.add_row(*cells)
+    out.print(envs)
+    grid = table("checkpoints", ["env", "checkpoint", *doc["clusters"]])
+    for env in doc["envs"]:
+        for row in env["checkpoints"]:
+            grid.add_row(
+                env["name"],
+                row["id"],
+                *(
+                    describe_state(row["states"][c]) if c in row["states"] else "-"
+                    for c in doc["clusters"]
+                ),
+            )
+    if grid.row_count:
+        out.print(grid)
+    if sizes:
+        caches = doc["cache_size_bytes"]
+        out.print(f"cache: {_size(caches['cache'])}   home: {_size(caches['home'])}")

@@ -1,0 +1,159 @@
+"""``rootstock init``: create an install root, declare its cache root, save config."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rootstock.errors import RootstockError
+from rootstock.install.config import config_path, load_config, save_config
+from rootstock.install.layout import InstallLayout, read_layout, write_layout
+from rootstock.ops.install import maintainer_umask
+
+# What marks a root as already in use: init must not overwrite any of it.
+_STATE_NAMES = ("layout.json", "manifest.json", "envs", "environments")
+
+
+@dataclass
+class InitRequest:
+    """Everything init needs, whether it came from flags or prompts."""
+
+    root: Path
+    cache_root: Path | None = None
+    cluster: str | None = None
+    maintainer_name: str | None = None
+    maintainer_email: str | None = None
+    api_url: str | None = None
+    api_key: str | None = None
+    api_secret: str | None = None
+    force: bool = False
+
+
+@dataclass
+class InitResult:
+    """What init created, and what it deliberately left alone."""
+
+    root: Path
+    cache_root: Path
+    cluster: str
+    config_file: Path
+    created: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "root": str(self.root),
+            "cache_root": str(self.cache_root),
+            "cluster": self.cluster,
+            "config_file": str(self.config_file),
+            "created": self.created,
+            "kept": self.kept,
+            "notes": self.notes,
+        }
+
+
+def default_cluster_name() -> str:
+    """The host's short name: what a cluster is called when nobody says otherwise."""
+    return socket.gethostname().split(".")[0].lower() or "local"
+
+
+def suggest_cluster(root: Path) -> str:
+    """The cluster name to offer: the manifest's, the registry's, or the host's."""
+    import json
+
+    from rootstock.install.clusters import clusters_for_root
+
+    try:
+        served = json.loads((root / "manifest.json").read_text()).get("clusters") or []
+    except (OSError, ValueError, AttributeError):
+        served = []
+    if served:
+        return str(served[0])
+    registered = clusters_for_root(root)
+    return registered[0].name if registered else default_cluster_name()
+
+
+def is_populated(root: Path) -> bool:
+    """True when ``root`` already holds install state."""
+    return any((root / name).exists() for name in _STATE_NAMES)
+
+
+def init_root(request: InitRequest) -> InitResult:
+    """Create or complete an install root.
+
+    On a populated root this refuses unless ``force``; with ``force`` it only adds
+    what is missing and never touches the manifest, the envs or the declared
+    cache root.
+    """
+    from rootstock.install.manifest import ensure_manifest
+
+    root = request.root.expanduser().absolute()
+    if is_populated(root) and not request.force:
+        raise RootstockError(
+            f"{root} is already an install root",
+            hint="use it as it is; `rootstock init --force` only adds what is missing "
+            "(it never rewrites the manifest, the envs or the cache root)",
+        )
+    cluster = (request.cluster or suggest_cluster(root)).lower()
+    result = InitResult(root, root, cluster, config_path())
+    with maintainer_umask():
+        layout_data = read_layout(root) if root.exists() else None
+        if layout_data is None:
+            root.mkdir(parents=True, exist_ok=True)
+            cache = request.cache_root.expanduser().absolute() if request.cache_root else None
+            write_layout(root, cache)
+            result.created.append("layout.json")
+        else:
+            result.kept.append("layout.json")
+            declared = layout_data.get("cache_root")
+            if request.cache_root and str(request.cache_root) != str(declared):
+                result.notes.append(
+                    f"the cache root stays {declared or root} (declared in layout.json); "
+                    "to move it, edit layout.json and move cache/ and home/ (see docs)"
+                )
+        declared = read_layout(root).get("cache_root")
+        layout = InstallLayout(root, Path(declared) if declared else root)
+        result.cache_root = layout.cache_root
+        for directory in (
+            layout.environments_dir,
+            layout.envs_dir,
+            layout.wheels_dir,
+            layout.locks_dir,
+            layout.home_dir,
+            layout.cache_dir,
+        ):
+            if not directory.exists():
+                directory.mkdir(parents=True)
+                result.created.append(
+                    str(directory.relative_to(root))
+                    if directory.is_relative_to(root)
+                    else str(directory)
+                )
+        if layout.manifest_file.exists():
+            result.kept.append("manifest.json")
+        else:
+            ensure_manifest(layout, [cluster])
+            result.created.append("manifest.json")
+    _save_user_config(request, root, cluster)
+    return result
+
+
+def _save_user_config(request: InitRequest, root: Path, cluster: str) -> None:
+    config = load_config()
+    config.update(root=str(root), cluster=cluster)
+    maintainer = {
+        "maintainer_name": request.maintainer_name,
+        "maintainer_email": request.maintainer_email,
+        "api_url": request.api_url,
+        "api_key": request.api_key,
+        "api_secret": request.api_secret,
+    }
+    for key, value in maintainer.items():
+        if value:
+            config[key] = value
+    if request.maintainer_name or request.maintainer_email or request.api_key:
+        config["is_maintainer"] = True
+    config.setdefault("is_maintainer", False)
+    save_config(config)

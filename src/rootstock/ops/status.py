@@ -1,0 +1,124 @@
+"""``rootstock status``: envs, build state, and each checkpoint's state per cluster.
+
+Reads only small files (env sources, build metadata, the manifest). Directory
+sizes are opt-in: walking gigabytes on Lustre at every call is too slow.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rootstock.install.envfile import EnvFile, is_custom_id, source_hash
+from rootstock.install.envs import envs_on_cluster, load_installed_envs
+from rootstock.install.layout import InstallLayout
+from rootstock.install.locking import is_locked
+from rootstock.install.manifest import checkpoint_state, load_manifest, served_clusters
+
+
+def directory_size(path: Path) -> int:
+    """Bytes used by the files under ``path`` (symlinks not followed, hard links once)."""
+    total, seen = 0, set()
+    for dirpath, _dirs, files in os.walk(os.path.realpath(path)):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def build_state(layout: InstallLayout, name: str, built: bool) -> str:
+    """``built``, ``building`` (an install holds its lock) or ``not built``."""
+    if is_locked(layout.locks_dir / f"env-{name}.lock"):
+        return "building"
+    return "built" if built else "not built"
+
+
+def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = False) -> dict:
+    """The status document that ``rootstock status`` renders (and prints with --json)."""
+    from rootstock.install.build import read_env_metadata
+
+    manifest = load_manifest(layout)
+    clusters = [cluster.lower()] if cluster else served_clusters(layout, manifest)
+    envs, warnings = load_installed_envs(layout)
+    built = {e.name: e for e in envs}
+    registered = (
+        {p.stem for p in layout.environments_dir.glob("*.py")}
+        if layout.environments_dir.is_dir()
+        else set()
+    )
+    rows = []
+    for name in sorted(set(built) | registered | set(manifest.get("envs", {}))):
+        env = built.get(name)
+        meta = read_env_metadata(layout, name) or {}
+        versions = meta.get("versions") or {}
+        row = {
+            "name": name,
+            "state": build_state(layout, name, env is not None),
+            "python": versions.get("python"),
+            "torch": versions.get("torch"),
+            "built_at": meta.get("built_at"),
+            "interpreter": (meta.get("interpreter") or {}).get("path"),
+            "clusters": env.clusters if env else None,
+            "hotfixed": bool(
+                env and meta.get("source_hash") and source_hash(env.source) != meta["source_hash"]
+            ),
+            "checkpoints": _checkpoint_rows(manifest, env, clusters, envs) if env else [],
+        }
+        if sizes:
+            row["size_bytes"] = directory_size(layout.env_dir(name)) if env else None
+        rows.append(row)
+    doc = {
+        "root": str(layout.root),
+        "cache_root": str(layout.cache_root),
+        "clusters": clusters,
+        "envs": rows,
+        "warnings": warnings,
+    }
+    if sizes:
+        doc["cache_size_bytes"] = {
+            "cache": directory_size(layout.cache_dir) if layout.cache_dir.exists() else 0,
+            "home": directory_size(layout.home_dir) if layout.home_dir.exists() else 0,
+        }
+    return doc
+
+
+def _checkpoint_rows(
+    manifest: dict, env: EnvFile, clusters: list[str], all_envs: list[EnvFile]
+) -> list[dict]:
+    current_hash = source_hash(env.source)
+    rows = []
+    for checkpoint in env.checkpoints:
+        if is_custom_id(checkpoint):
+            continue
+        states = {}
+        for cluster in clusters:
+            if not _serves(env, checkpoint, cluster, all_envs):
+                continue
+            states[cluster] = checkpoint_state(
+                manifest, env.name, checkpoint, cluster, current_source_hash=current_hash
+            ).to_dict()
+        if states or not clusters:
+            rows.append({"id": checkpoint, "states": states})
+    return rows
+
+
+def _serves(env: EnvFile, checkpoint: str, cluster: str, all_envs: list[EnvFile]) -> bool:
+    """True when ``env`` is the one that serves ``checkpoint`` on ``cluster``.
+
+    A universal env's id is shadowed on clusters where a variant declares it, so
+    the shadowed copy never shows as a row there.
+    """
+    applicable = envs_on_cluster([env], cluster)
+    if not applicable:
+        return False
+    if env.is_variant:
+        return True
+    return not any(
+        other.is_variant and checkpoint in other.checkpoints and cluster in (other.clusters or [])
+        for other in all_envs
+    )
