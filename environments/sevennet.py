@@ -1,0 +1,60 @@
+"""SevenNet (Park et al. 2024): a scalable equivariant GNN potential (package ``sevenn``).
+
+Only the checkpoints whose weights the ``sevenn`` wheel ships under
+``sevenn/pretrained_potentials/`` are listed, so setup never downloads. Newer
+models (``7net-omat``, ``7net-mf-ompa``, ``7net-omni``) are fetched from the
+network on first use; add them in a separate env on clusters that allow it.
+
+``sevennet-mf-0`` is multi-fidelity: it has a PBE head and an r2SCAN head, and
+the caller must choose one with ``modal="PBE"`` or ``modal="R2SCAN"``. There is
+deliberately no default; verification uses ``VERIFY_KWARGS``.
+"""
+
+# /// script
+# requires-python = ">=3.11"
+# dependencies = [
+#     "sevenn>=0.13.0",
+#     "torch",
+#     "ase>=3.23",
+#     "numpy",
+# ]
+# ///
+
+CHECKPOINTS = {
+    "sevennet-0": "7net-0",
+    "sevennet-0-22may2024": "7net-0_22May2024",
+    "sevennet-l3i5": "7net-l3i5",
+    "sevennet-mf-0": "7net-mf-0",
+}
+
+VERIFY_KWARGS = {
+    "sevennet-mf-0": {"modal": "PBE"},
+}
+
+# The heads of sevennet-mf-0 as the user names them -> as the checkpoint names them.
+MF_0_MODALS = {"PBE": "PBE", "R2SCAN": "R2SCAN"}
+
+
+def setup(checkpoint, device="cuda", modal=None, **kw):
+    """Return a SevenNetCalculator for a checkpoint the wheel ships.
+
+    ``modal`` selects the head of ``sevennet-mf-0`` (``PBE`` or ``R2SCAN``,
+    case-insensitive) and is rejected for single-fidelity checkpoints.
+    """
+    if checkpoint not in CHECKPOINTS:
+        raise ValueError(f"unknown checkpoint {checkpoint!r}; choose one of {sorted(CHECKPOINTS)}")
+    if checkpoint == "sevennet-mf-0":
+        choices = " or ".join(MF_0_MODALS)
+        if modal is None:
+            raise ValueError(
+                f"sevennet-mf-0 needs modal={choices} (which DFT functional's head to use)"
+            )
+        key = str(modal).upper()
+        if key not in MF_0_MODALS:
+            raise ValueError(f"sevennet-mf-0 has no modal {modal!r}; choose {choices}")
+        kw["modal"] = MF_0_MODALS[key]
+    elif modal is not None:
+        raise ValueError(f"{checkpoint} is single-fidelity; it takes no modal argument")
+    from sevenn.calculator import SevenNetCalculator
+
+    return SevenNetCalculator(model=CHECKPOINTS[checkpoint], device=device, **kw)
