@@ -17,14 +17,40 @@ from pathlib import Path
 from typing import Any
 
 from rootstock.errors import EnvFileError
+from rootstock.install.envtables import (
+    CHECKPOINT_ID_RE,
+    CUSTOM_SUFFIX,
+    SETUP_FROM_PATH_SIGNATURE,
+    Report,
+    is_custom_id,
+    read_checkpoints,
+    read_clusters,
+    read_verify_kwargs,
+    read_verify_structure,
+)
+
+__all__ = [
+    "CHECKPOINT_ID_RE",
+    "CUSTOM_SUFFIX",
+    "ENV_NAME_RE",
+    "EnvFile",
+    "LintProblem",
+    "id_conflicts",
+    "is_custom_id",
+    "parse_env_file",
+    "read_env_file",
+    "source_hash",
+]
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-CHECKPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?::custom)?$")
-CUSTOM_SUFFIX = ":custom"
-_PEP723_RE = re.compile(
-    r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$"
-)
+_PEP723_RE = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
+_SCRIPT_OPEN_RE = re.compile(r"(?m)^# /// script\s*$")
+_REQUIREMENT_NAME_RE = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
 TABLES = ("CHECKPOINTS", "VERIFY_KWARGS", "CLUSTERS", "VERIFY_STRUCTURE")
+_MUTATING_METHODS = frozenset(
+    {"update", "pop", "popitem", "setdefault", "clear", "append", "extend", "insert", "remove"}
+)
+SETUP_SIGNATURE = 'def setup(checkpoint, device="cuda", **kw)'
 
 
 @dataclass(frozen=True)
@@ -56,6 +82,7 @@ class EnvFile:
     verify_structure: dict[str, Any] | None = None
     functions: set[str] = field(default_factory=set)
     table_lines: dict[str, int] = field(default_factory=dict)
+    id_lines: dict[str, int] = field(default_factory=dict)
 
     @property
     def is_variant(self) -> bool:
@@ -77,15 +104,14 @@ class EnvFile:
     def declared_ids(self) -> list[str]:
         return list(self.checkpoints)
 
+    def line_of(self, checkpoint: str) -> int:
+        """The line that declares ``checkpoint`` (the table's line if unknown)."""
+        return self.id_lines.get(checkpoint, self.table_lines.get("CHECKPOINTS", 1))
+
 
 def source_hash(text: str) -> str:
     """The hash recorded in the manifest to notice hotfixes of ``env_source.py``."""
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def is_custom_id(checkpoint: str) -> bool:
-    """True for ``<family>:custom`` ids, which take user-supplied weights."""
-    return checkpoint.endswith(CUSTOM_SUFFIX)
 
 
 def read_env_file(path: Path, name: str | None = None) -> EnvFile:
@@ -111,7 +137,10 @@ def parse_env_file(path: Path, name: str | None = None) -> tuple[EnvFile, list[L
     try:
         source = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise EnvFileError(f"cannot read env file {path}: {exc}") from None
+        raise EnvFileError(
+            f"cannot read env file {path}: {exc}",
+            hint="check the path and permissions, and save the file as UTF-8",
+        ) from None
     env = EnvFile(path=path, name=name or path.stem, source=source)
     problems: list[LintProblem] = []
 
@@ -119,14 +148,20 @@ def parse_env_file(path: Path, name: str | None = None) -> tuple[EnvFile, list[L
         problems.append(LintProblem(path, line, message, fix))
 
     if not ENV_NAME_RE.match(env.name):
-        problem(1, f"env name {env.name!r} (from the file name) is not allowed",
-                "rename the file to letters, digits, '.', '_' or '-', e.g. my-model.py")
+        problem(
+            1,
+            f"env name {env.name!r} (from the file name) is not allowed",
+            "rename the file to letters, digits, '.', '_' or '-', e.g. my-model.py",
+        )
 
     try:
         tree = ast.parse(source, filename=str(path))
     except SyntaxError as exc:
-        problem(exc.lineno or 1, f"syntax error: {exc.msg}",
-                "make the file valid Python (python -m py_compile FILE)")
+        problem(
+            exc.lineno or 1,
+            f"syntax error: {exc.msg}",
+            "make the file valid Python (python -m py_compile FILE)",
+        )
         return env, problems
 
     _read_script_block(env, problem)
@@ -134,11 +169,22 @@ def parse_env_file(path: Path, name: str | None = None) -> tuple[EnvFile, list[L
     return env, problems
 
 
-def _read_script_block(env: EnvFile, problem) -> None:
+def _read_script_block(env: EnvFile, problem: Report) -> None:
     blocks = [m for m in _PEP723_RE.finditer(env.source) if m.group("type") == "script"]
+    opening = _SCRIPT_OPEN_RE.search(env.source)
+    if not blocks and opening:
+        problem(
+            env.source.count("\n", 0, opening.start()) + 1,
+            "the '# /// script' block is never closed, or has a line not starting with '#'",
+            "end it with a line '# ///', and start every line inside it with '# '",
+        )
+        return
     if not blocks:
-        problem(1, "no PEP 723 metadata block ('# /// script' ... '# ///')",
-                "add a '# /// script' block with requires-python and dependencies")
+        problem(
+            1,
+            "no PEP 723 metadata block ('# /// script' ... '# ///')",
+            "add a '# /// script' block with requires-python and dependencies",
+        )
         return
     if len(blocks) > 1:
         line = env.source.count("\n", 0, blocks[1].start()) + 1
@@ -153,16 +199,31 @@ def _read_script_block(env: EnvFile, problem) -> None:
     try:
         meta = tomllib.loads(content)
     except tomllib.TOMLDecodeError as exc:
-        problem(line, f"the '# /// script' block is not valid TOML: {exc}",
-                "fix the TOML inside the block (each line starts with '# ')")
+        problem(
+            line,
+            f"the '# /// script' block is not valid TOML: {exc}",
+            "fix the TOML inside the block (each line starts with '# ')",
+        )
         return
     env.script_metadata = meta
     deps = meta.get("dependencies")
     if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-        problem(line, "the '# /// script' block needs dependencies = [\"pkg\", ...]",
-                "list the model's packages, e.g. dependencies = [\"ase\", \"torch\"]")
+        problem(
+            line,
+            "the '# /// script' block needs dependencies = [\"pkg\", ...]",
+            'list the model\'s packages, e.g. dependencies = ["ase", "torch"]',
+        )
     else:
         env.dependencies = deps
+        for dep in deps:
+            found = _REQUIREMENT_NAME_RE.match(dep)
+            if found and re.sub(r"[-_.]+", "-", found.group(1)).lower() == "rootstock":
+                problem(
+                    line,
+                    f"dependency {dep!r}: rootstock is not installed by name "
+                    "(a different public package on PyPI is also called rootstock)",
+                    "remove it; every env gets this rootstock's own wheel automatically",
+                )
     rp = meta.get("requires-python")
     if rp is not None and not isinstance(rp, str):
         problem(line, "requires-python must be a string", 'write e.g. requires-python = ">=3.11"')
@@ -170,42 +231,69 @@ def _read_script_block(env: EnvFile, problem) -> None:
         env.requires_python = rp
 
 
-def _read_module(env: EnvFile, tree: ast.Module, problem) -> None:
+def _read_module(env: EnvFile, tree: ast.Module, problem: Report) -> None:
     values: dict[str, tuple[int, Any]] = {}
+    nodes: dict[str, ast.expr] = {}
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             env.functions.add(node.name)
             if node.name == "setup":
-                _check_setup_signature(node, problem)
+                _check_signature(node, "checkpoint", SETUP_SIGNATURE, problem)
+            elif node.name == "setup_from_path":
+                _check_signature(node, "path", SETUP_FROM_PATH_SIGNATURE, problem)
             continue
         target, value = _simple_assignment(node)
-        if target not in TABLES:
+        if target not in TABLES or value is None:
+            continue
+        if target in env.table_lines:
+            problem(
+                node.lineno,
+                f"{target} is assigned again (first on line {env.table_lines[target]})",
+                f"keep one {target} = {{...}}; the client reads only one literal",
+            )
             continue
         env.table_lines[target] = node.lineno
         try:
             values[target] = (node.lineno, ast.literal_eval(value))
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            problem(node.lineno, f"{target} is not a literal",
-                    f"write {target} as a plain literal (no names, calls or comprehensions)")
+            problem(
+                node.lineno,
+                f"{target} is not a literal",
+                f"write {target} as a plain literal (no names, calls or comprehensions)",
+            )
             continue
+        nodes[target] = value
         if isinstance(value, ast.Dict):
             _check_duplicate_keys(target, value, problem)
+    _check_tables_not_changed(env, tree, problem)
 
     if "setup" not in env.functions:
-        problem(1, "no top-level setup(checkpoint, device=\"cuda\", **kw) function",
-                "define setup() returning an ASE calculator for the checkpoint")
+        problem(
+            1,
+            "no top-level setup() function",
+            f"define {SETUP_SIGNATURE} returning an ASE calculator",
+        )
     if "CHECKPOINTS" not in values:
         if "CHECKPOINTS" not in env.table_lines:
-            problem(1, "no module-level CHECKPOINTS table",
-                    "add CHECKPOINTS = {\"my-model-1\": \"upstream-name\"}")
+            problem(
+                1,
+                "no module-level CHECKPOINTS table",
+                'add CHECKPOINTS = {"my-model-1": "upstream-name"}',
+            )
         return
-    _read_checkpoints(env, *values["CHECKPOINTS"], problem)
+    env.id_lines = _key_lines(nodes["CHECKPOINTS"])
+    line, table = values["CHECKPOINTS"]
+    env.checkpoints = read_checkpoints(table, line, env.id_lines, env.has_setup_from_path, problem)
     if "VERIFY_KWARGS" in values:
-        _read_verify_kwargs(env, *values["VERIFY_KWARGS"], problem)
+        line, table = values["VERIFY_KWARGS"]
+        key_lines = _key_lines(nodes["VERIFY_KWARGS"])
+        env.verify_kwargs = read_verify_kwargs(table, line, key_lines, env.checkpoints, problem)
     if "CLUSTERS" in values:
-        _read_clusters(env, *values["CLUSTERS"], problem)
+        line, table = values["CLUSTERS"]
+        env.clusters = read_clusters(table, line, problem)
     if "VERIFY_STRUCTURE" in values:
-        _read_verify_structure(env, *values["VERIFY_STRUCTURE"], problem)
+        line, table = values["VERIFY_STRUCTURE"]
+        env.verify_structure = read_verify_structure(table, line, problem)
 
 
 def _simple_assignment(node: ast.stmt) -> tuple[str | None, ast.expr | None]:
@@ -218,126 +306,139 @@ def _simple_assignment(node: ast.stmt) -> tuple[str | None, ast.expr | None]:
     return None, None
 
 
-def _check_setup_signature(node: ast.FunctionDef | ast.AsyncFunctionDef, problem) -> None:
+def _key_lines(value: ast.expr) -> dict[str, int]:
+    """Line of each string key of a dict literal, so problems point at the entry."""
+    if not isinstance(value, ast.Dict):
+        return {}
+    return {
+        key.value: key.lineno
+        for key in value.keys
+        if isinstance(key, ast.Constant) and isinstance(key.value, str)
+    }
+
+
+def _module_level_statements(tree: ast.Module) -> list[ast.AST]:
+    """Every node that runs at import time, outside function and class bodies."""
+    found: list[ast.AST] = []
+    pending: list[ast.AST] = list(tree.body)
+    while pending:
+        node = pending.pop()
+        found.append(node)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            continue
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _check_tables_not_changed(env: EnvFile, tree: ast.Module, problem: Report) -> None:
+    """Reject tables the worker would see differently from the client.
+
+    The client reads one top-level literal; an import-time edit, or a definition
+    inside ``if``/``try``, would make the two sides of the socket disagree.
+    """
+    top_level = {id(node) for node in tree.body}
+    reported: set[tuple[str, int]] = set()
+
+    def report(name: str, line: int, message: str, fix: str) -> None:
+        if (name, line) not in reported:
+            reported.add((name, line))
+            problem(line, message, fix)
+
+    for node in _module_level_statements(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.Delete):
+            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Name) and sub.id in TABLES:
+                        whole = isinstance(target, ast.Name) and not isinstance(
+                            node, ast.AugAssign | ast.Delete
+                        )
+                        if whole and id(node) in top_level:
+                            continue  # the one literal definition, read above
+                        report(
+                            sub.id,
+                            node.lineno,
+                            f"{sub.id} is changed or defined outside its top-level literal",
+                            f"put every entry in the one top-level {sub.id} = ... literal",
+                        )
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in TABLES
+            and node.func.attr in _MUTATING_METHODS
+        ):
+            name = node.func.value.id
+            report(
+                name,
+                node.lineno,
+                f"{name}.{node.func.attr}() changes {name} at import time",
+                f"put every entry in the one top-level {name} = ... literal",
+            )
+
+
+def _check_signature(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, first: str, signature: str, problem: Report
+) -> None:
     args = node.args
     positional = [*args.posonlyargs, *args.args]
     if not positional and not args.vararg:
-        problem(node.lineno, "setup() takes no checkpoint argument",
-                "declare it as def setup(checkpoint, device=\"cuda\", **kw)")
+        problem(
+            node.lineno, f"{node.name}() takes no {first} argument", f"declare it as {signature}"
+        )
     names = {a.arg for a in [*positional, *args.kwonlyargs]}
     if "device" not in names and args.kwarg is None:
-        problem(node.lineno, "setup() accepts no device argument",
-                "declare it as def setup(checkpoint, device=\"cuda\", **kw)")
+        problem(
+            node.lineno, f"{node.name}() accepts no device argument", f"declare it as {signature}"
+        )
 
 
-def _check_duplicate_keys(target: str, value: ast.Dict, problem) -> None:
+def _check_duplicate_keys(target: str, value: ast.Dict, problem: Report) -> None:
     seen: set[Any] = set()
     for key in value.keys:
         if isinstance(key, ast.Constant):
             if key.value in seen:
-                problem(key.lineno, f"{target} repeats the key {key.value!r}",
-                        "remove the duplicate entry; Python would silently keep the last one")
+                problem(
+                    key.lineno,
+                    f"{target} repeats the key {key.value!r}",
+                    "remove the duplicate entry; Python would silently keep the last one",
+                )
             seen.add(key.value)
-
-
-def _read_checkpoints(env: EnvFile, line: int, table: Any, problem) -> None:
-    if not isinstance(table, dict) or not table:
-        problem(line, "CHECKPOINTS must be a non-empty dict {id: upstream-string}",
-                "write CHECKPOINTS = {\"my-model-1\": \"upstream-name\"}")
-        return
-    for key, value in table.items():
-        if not isinstance(key, str) or not CHECKPOINT_ID_RE.match(key):
-            problem(line, f"checkpoint id {key!r} is not allowed",
-                    "use [A-Za-z0-9][A-Za-z0-9._-]*, or <family>:custom")
-            continue
-        if is_custom_id(key):
-            if value is not None and not isinstance(value, str):
-                problem(line, f"CHECKPOINTS[{key!r}] must be None or a string",
-                        f"write \"{key}\": None")
-                continue
-            if not env.has_setup_from_path:
-                problem(line, f"{key!r} takes user weights but there is no setup_from_path()",
-                        "define setup_from_path(path, device=\"cuda\", **kw), or drop the entry")
-        elif not isinstance(value, str):
-            problem(line, f"CHECKPOINTS[{key!r}] is {value!r}; it must be a string",
-                    "give the upstream name or path; None is allowed only for <family>:custom")
-            continue
-        env.checkpoints[key] = value
-
-
-def _read_verify_kwargs(env: EnvFile, line: int, table: Any, problem) -> None:
-    if not isinstance(table, dict):
-        problem(line, "VERIFY_KWARGS must be a dict {checkpoint-id: {kwarg: value}}",
-                "write VERIFY_KWARGS = {\"my-model-1\": {\"task\": \"omat\"}}")
-        return
-    for key, value in table.items():
-        if key not in env.checkpoints:
-            problem(line, f"VERIFY_KWARGS names {key!r}, which CHECKPOINTS does not declare",
-                    "use a declared checkpoint id as the key, or remove the entry")
-            continue
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            problem(line, f"VERIFY_KWARGS[{key!r}] must be a dict of keyword arguments",
-                    f"write \"{key}\": {{\"name\": value}}")
-            continue
-        env.verify_kwargs[key] = value
-
-
-def _read_clusters(env: EnvFile, line: int, table: Any, problem) -> None:
-    if not isinstance(table, list | tuple) or not all(isinstance(c, str) and c for c in table):
-        problem(line, "CLUSTERS must be a list of cluster names",
-                "write CLUSTERS = [\"della\"]")
-        return
-    if not table:
-        problem(line, "CLUSTERS is empty, so this variant would apply nowhere",
-                "list the clusters it is for, or delete CLUSTERS to make it universal")
-        return
-    env.clusters = [c.lower() for c in table]
-
-
-def _read_verify_structure(env: EnvFile, line: int, table: Any, problem) -> None:
-    if not isinstance(table, dict):
-        problem(line, "VERIFY_STRUCTURE must be a dict with symbols and positions",
-                "see docs/environments.md#verify_structure")
-        return
-    symbols, positions = table.get("symbols"), table.get("positions")
-    ok = (
-        isinstance(symbols, list | tuple | str)
-        and isinstance(positions, list | tuple)
-        and all(isinstance(p, list | tuple) and len(p) == 3 for p in positions)
-    )
-    if ok and not isinstance(symbols, str):
-        ok = len(symbols) == len(positions)
-    cell = table.get("cell")
-    if cell is not None and not (isinstance(cell, list | tuple) and len(cell) == 3):
-        ok = False
-    if not ok:
-        problem(line, "VERIFY_STRUCTURE needs symbols, positions (N x 3) and optionally "
-                "cell (3 x 3) and pbc", "see docs/environments.md#verify_structure")
-        return
-    env.verify_structure = table
 
 
 def id_conflicts(new: EnvFile, installed: list[EnvFile]) -> list[LintProblem]:
     """Checkpoint ids in ``new`` that another installed env already declares.
 
     Two universal envs may not share an id; a ``CLUSTERS`` variant may shadow a
-    universal id, but two variants may not share an id on a common cluster.
+    universal id (it wins on the clusters it lists), but two variants may not
+    share an id on a common cluster.
     """
     problems = []
-    line = new.table_lines.get("CHECKPOINTS", 1)
     for other in installed:
         if other.name == new.name:
             continue
         for cid in sorted(set(new.checkpoints) & set(other.checkpoints)):
             if new.is_variant != other.is_variant:
                 continue
-            if new.is_variant and not set(new.clusters or []) & set(other.clusters or []):
-                continue
-            where = "" if not new.is_variant else " on the same cluster"
-            problems.append(LintProblem(
-                new.path, line,
-                f"checkpoint id {cid!r} is already declared by the installed env "
-                f"{other.name!r}{where}",
-                "rename the id, or make this file a CLUSTERS variant for specific clusters",
-            ))
+            if new.is_variant:
+                shared = sorted(set(new.clusters or []) & set(other.clusters or []))
+                if not shared:
+                    continue
+                message = (
+                    f"checkpoint id {cid!r} is already declared by the installed "
+                    f"variant {other.name!r} for cluster(s) {', '.join(shared)}"
+                )
+                fix = (
+                    f"drop {', '.join(shared)} from the CLUSTERS of one of the two "
+                    "variants, or rename the id"
+                )
+            else:
+                message = (
+                    f"checkpoint id {cid!r} is already declared by the installed env {other.name!r}"
+                )
+                fix = (
+                    "rename the id, or make this file a CLUSTERS variant for the "
+                    "clusters where it should win"
+                )
+            problems.append(LintProblem(new.path, new.line_of(cid), message, fix))
     return problems

@@ -1,0 +1,235 @@
+"""Validation of the literal tables of an env file, once ``ast`` has evaluated them.
+
+Each reader takes the evaluated value and the line it came from, reports every
+problem through ``problem(line, message, fix)`` and returns what is usable. They
+know nothing of files; :mod:`rootstock.install.envfile` wires them together.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+CHECKPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?::custom)?$")
+CUSTOM_SUFFIX = ":custom"
+VERIFY_STRUCTURE_KEYS = ("symbols", "positions", "cell", "pbc")
+SETUP_FROM_PATH_SIGNATURE = 'def setup_from_path(path, device="cuda", **kw)'
+STRUCTURE_FIX = "see docs/environments.md#verify_structure"
+
+# problem(line, message, fix): how every reader reports what it finds.
+Report = Callable[[int, str, str], None]
+
+
+def is_custom_id(checkpoint: str) -> bool:
+    """True for ``<family>:custom`` ids, which take user-supplied weights."""
+    return checkpoint.endswith(CUSTOM_SUFFIX)
+
+
+def read_checkpoints(
+    table: Any,
+    line: int,
+    id_lines: dict[str, int],
+    has_setup_from_path: bool,
+    problem: Report,
+) -> dict[str, str | None]:
+    """The valid ``{id: upstream}`` entries of ``CHECKPOINTS``."""
+    if not isinstance(table, dict) or not table:
+        problem(
+            line,
+            "CHECKPOINTS must be a non-empty dict {id: upstream-string}",
+            'write CHECKPOINTS = {"my-model-1": "upstream-name"}',
+        )
+        return {}
+    checkpoints: dict[str, str | None] = {}
+    for key, value in table.items():
+        at = id_lines.get(key, line) if isinstance(key, str) else line
+        if not isinstance(key, str) or not CHECKPOINT_ID_RE.match(key):
+            problem(
+                at,
+                f"checkpoint id {key!r} is not allowed",
+                "use [A-Za-z0-9][A-Za-z0-9._-]*, or <family>:custom",
+            )
+            continue
+        if is_custom_id(key):
+            if value is not None and not isinstance(value, str):
+                problem(
+                    at, f"CHECKPOINTS[{key!r}] must be None or a string", f'write "{key}": None'
+                )
+                continue
+            if not has_setup_from_path:
+                problem(
+                    at,
+                    f"{key!r} takes user weights but there is no setup_from_path()",
+                    f"define {SETUP_FROM_PATH_SIGNATURE}, or drop the entry",
+                )
+        elif not isinstance(value, str):
+            problem(
+                at,
+                f"CHECKPOINTS[{key!r}] is {value!r}; it must be a string",
+                "give the upstream name or path; None is allowed only for <family>:custom",
+            )
+            continue
+        elif not value.strip():
+            problem(
+                at,
+                f"CHECKPOINTS[{key!r}] is an empty string",
+                "give the upstream name that setup() loads for this id",
+            )
+            continue
+        checkpoints[key] = value
+    return checkpoints
+
+
+def is_json_value(value: Any) -> bool:
+    """True for what survives the trip to the worker as JSON unchanged."""
+    if value is None or isinstance(value, str | bool | int | float):
+        return True
+    if isinstance(value, list):
+        return all(is_json_value(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_json_value(v) for k, v in value.items())
+    return False
+
+
+def read_verify_kwargs(
+    table: Any,
+    line: int,
+    key_lines: dict[str, int],
+    declared: dict[str, str | None],
+    problem: Report,
+) -> dict[str, dict[str, Any]]:
+    """The valid ``{id: {kwarg: value}}`` entries of ``VERIFY_KWARGS``."""
+    if not isinstance(table, dict):
+        problem(
+            line,
+            "VERIFY_KWARGS must be a dict {checkpoint-id: {kwarg: value}}",
+            'write VERIFY_KWARGS = {"my-model-1": {"task": "omat"}}',
+        )
+        return {}
+    kwargs: dict[str, dict[str, Any]] = {}
+    for key, value in table.items():
+        at = key_lines.get(key, line) if isinstance(key, str) else line
+        if key not in declared:
+            problem(
+                at,
+                f"VERIFY_KWARGS names {key!r}, which CHECKPOINTS does not declare",
+                "use a declared checkpoint id as the key, or remove the entry",
+            )
+            continue
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            problem(
+                at,
+                f"VERIFY_KWARGS[{key!r}] must be a dict of keyword arguments",
+                f'write "{key}": {{"name": value}}',
+            )
+            continue
+        if not is_json_value(value):
+            problem(
+                at,
+                f"VERIFY_KWARGS[{key!r}] holds a value JSON cannot carry to the worker",
+                "use only strings, numbers, booleans, None, lists and dicts",
+            )
+            continue
+        kwargs[key] = value
+    return kwargs
+
+
+def read_clusters(table: Any, line: int, problem: Report) -> list[str] | None:
+    """The lower-cased cluster names of a ``CLUSTERS`` variant, or None if invalid."""
+    if not isinstance(table, list | tuple) or not all(isinstance(c, str) and c for c in table):
+        problem(line, "CLUSTERS must be a list of cluster names", 'write CLUSTERS = ["della"]')
+        return None
+    if not table:
+        problem(
+            line,
+            "CLUSTERS is empty, so this variant would apply nowhere",
+            "list the clusters it is for, or delete CLUSTERS to make it universal",
+        )
+        return None
+    return list(dict.fromkeys(c.lower() for c in table))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _vectors(value: Any, count: int) -> bool:
+    """True for exactly ``count`` rows of three numbers."""
+    return (
+        isinstance(value, list | tuple)
+        and len(value) == count
+        and all(
+            isinstance(v, list | tuple) and len(v) == 3 and all(_is_number(x) for x in v)
+            for v in value
+        )
+    )
+
+
+def _structure_symbols(symbols: Any) -> list[str] | None:
+    """The element symbols of a structure, or None when they are not valid."""
+    from ase.data import chemical_symbols
+    from ase.symbols import string2symbols
+
+    if isinstance(symbols, str):
+        try:
+            return string2symbols(symbols) or None
+        except (ValueError, KeyError):
+            return None
+    if isinstance(symbols, list | tuple) and all(
+        isinstance(s, str) and s in chemical_symbols[1:] for s in symbols
+    ):
+        return list(symbols) or None
+    return None
+
+
+def _valid_pbc(pbc: Any) -> bool:
+    if isinstance(pbc, bool):
+        return True
+    return isinstance(pbc, list | tuple) and len(pbc) == 3 and all(isinstance(p, bool) for p in pbc)
+
+
+def read_verify_structure(table: Any, line: int, problem: Report) -> dict[str, Any] | None:
+    """``VERIFY_STRUCTURE`` if it describes a structure ASE can build, else None."""
+    if not isinstance(table, dict):
+        problem(line, "VERIFY_STRUCTURE must be a dict with symbols and positions", STRUCTURE_FIX)
+        return None
+    unknown = sorted(str(k) for k in table if k not in VERIFY_STRUCTURE_KEYS)
+    if unknown:
+        problem(
+            line,
+            f"VERIFY_STRUCTURE has unknown keys {unknown}",
+            f"use only {', '.join(VERIFY_STRUCTURE_KEYS)}",
+        )
+        return None
+    symbols = _structure_symbols(table.get("symbols"))
+    if not symbols:
+        problem(
+            line,
+            "VERIFY_STRUCTURE symbols are missing or not chemical elements",
+            'write symbols = ["Cu", "Cu"] or a formula such as "Cu2"',
+        )
+        return None
+    if not _vectors(table.get("positions"), len(symbols)):
+        problem(
+            line,
+            f"VERIFY_STRUCTURE positions must be {len(symbols)} [x, y, z] rows of numbers, "
+            "one per symbol",
+            STRUCTURE_FIX,
+        )
+        return None
+    cell, pbc = table.get("cell"), table.get("pbc", False)
+    if cell is not None and not _vectors(cell, 3):
+        problem(line, "VERIFY_STRUCTURE cell must be 3 rows of 3 numbers (Å)", STRUCTURE_FIX)
+        return None
+    if not _valid_pbc(pbc):
+        problem(line, "VERIFY_STRUCTURE pbc must be True, False or three booleans", STRUCTURE_FIX)
+        return None
+    if cell is None and (pbc is True or (isinstance(pbc, list | tuple) and any(pbc))):
+        problem(
+            line,
+            "VERIFY_STRUCTURE is periodic but has no cell",
+            "add cell = [[a, 0, 0], [0, b, 0], [0, 0, c]], or set pbc = False",
+        )
+        return None
+    return table
