@@ -1,0 +1,94 @@
+"""``{root}/manifest.json``: the install's memory of what is built, fetched and verified.
+
+Treated like a small database (the schema is documented in ``docs/manifest.md``):
+
+* versioned (``schema_version``): older files are migrated on read
+  (:mod:`.migrations`); corrupt or newer files are refused with
+  :class:`~rootstock.errors.ManifestError` and never written over (:mod:`.schema`);
+* every change is a short locked read-modify-write, written to a temp file and
+  renamed into place (:mod:`.store`); the ``record_*`` helpers each write one
+  record, after the slow work is done (:mod:`.records`);
+* the displayed state of a checkpoint (``stale`` included) is derived on read,
+  never stored (:mod:`.state`), and re-verifications are compared with the accepted
+  reference fingerprint (:mod:`.fingerprints`).
+
+Import the API from here; the submodules are the implementation.
+"""
+
+from __future__ import annotations
+
+from rootstock.install.manifest.fingerprints import (
+    DEFAULT_TOLERANCE,
+    FingerprintComparison,
+    FingerprintTolerance,
+    QuantityDrift,
+    compare_fingerprints,
+    device_kind,
+)
+from rootstock.install.manifest.records import (
+    forget_env,
+    one_line,
+    record_env_build,
+    record_fetch,
+    record_verification,
+)
+from rootstock.install.manifest.schema import (
+    ENV_BUILD_FIELDS,
+    MANIFEST_VERSION,
+    VERIFICATION_STATES,
+    Manifest,
+    new_manifest,
+    normalize_cluster,
+    parse_manifest,
+    utc_now,
+)
+from rootstock.install.manifest.state import (
+    DISPLAY_STATES,
+    CheckpointState,
+    checkpoint_state,
+    cluster_view,
+)
+from rootstock.install.manifest.store import (
+    DEFAULT_LOCK_TIMEOUT,
+    ManifestInit,
+    ensure_manifest,
+    load_manifest,
+    manifest_lock_path,
+    resolve_cluster,
+    served_clusters,
+    update_manifest,
+)
+
+__all__ = [
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_TOLERANCE",
+    "DISPLAY_STATES",
+    "ENV_BUILD_FIELDS",
+    "MANIFEST_VERSION",
+    "VERIFICATION_STATES",
+    "CheckpointState",
+    "FingerprintComparison",
+    "FingerprintTolerance",
+    "Manifest",
+    "ManifestInit",
+    "QuantityDrift",
+    "checkpoint_state",
+    "cluster_view",
+    "compare_fingerprints",
+    "device_kind",
+    "ensure_manifest",
+    "forget_env",
+    "load_manifest",
+    "manifest_lock_path",
+    "new_manifest",
+    "normalize_cluster",
+    "one_line",
+    "parse_manifest",
+    "record_env_build",
+    "record_fetch",
+    "record_verification",
+    "resolve_cluster",
+    "served_clusters",
+    "update_manifest",
+    "utc_now",
+]

@@ -1,0 +1,123 @@
+"""Schema migrations for ``manifest.json``: one function per step, vN -> vN+1.
+
+Migrations run on read, in memory; the migrated manifest reaches the disk only with
+the next locked write. Each step takes the parsed JSON of version N and returns the
+JSON of version N+1 (it may build a new dict or edit its argument). To change the
+schema: bump ``MANIFEST_VERSION`` in ``schema.py``, add ``MIGRATIONS[N]`` here,
+add a test that feeds a version-N file through it, and document the change in
+``docs/manifest.md``.
+
+Version 0 is a manifest without ``schema_version``: the draft layout written before
+versioning. It named a single ``cluster`` and kept one flat verification per
+checkpoint (``verified_at``, ``device``, ``error``) with no record of the env build
+it was verified against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from rootstock.install.manifest.fingerprints import device_kind
+
+Manifest = dict[str, Any]
+
+
+def schema_version_of(data: Manifest) -> int | None:
+    """The schema version a parsed manifest declares: 0 when absent, None when invalid."""
+    if "schema_version" not in data:
+        return 0
+    version = data["schema_version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        return None
+    return version
+
+
+def migrate(data: Manifest, target: int) -> Manifest:
+    """Apply the registered steps until ``data`` is at version ``target``.
+
+    The caller has already checked that the version is known and not above target.
+    """
+    version = schema_version_of(data)
+    if version is None:
+        raise ValueError("schema_version is not a non-negative integer")
+    while version < target:
+        step = MIGRATIONS.get(version)
+        if step is None:
+            raise ValueError(f"no migration from schema version {version}")
+        data = step(data)
+        if data.get("schema_version") != version + 1:
+            raise ValueError(f"migration from version {version} did not reach {version + 1}")
+        version += 1
+    return data
+
+
+def _v0_to_v1(old: Manifest) -> Manifest:
+    """Pre-versioning draft -> v1: a cluster list and per-cluster, per-kind records."""
+    cluster = old.get("cluster")
+    clusters = [cluster.lower()] if isinstance(cluster, str) and cluster else []
+    old_envs = old.get("envs", old.get("environments", {}))
+    envs: dict[str, Any] = {}
+    for name, entry in (old_envs if isinstance(old_envs, dict) else {}).items():
+        if not isinstance(entry, dict):
+            continue
+        checkpoints = entry.get("checkpoints", {})
+        envs[name] = {
+            "build_id": None,
+            "source_hash": entry.get("source_hash"),
+            "lock_hash": entry.get("lock_hash"),
+            "built_at": entry.get("built_at"),
+            "python": entry.get("python", entry.get("python_version")),
+            "python_path": entry.get("python_path"),
+            "torch": entry.get("torch", entry.get("torch_version")),
+            "rootstock": entry.get("rootstock", entry.get("rootstock_version")),
+            "checkpoints": {
+                cid: _v0_checkpoint(ck, clusters)
+                for cid, ck in (checkpoints if isinstance(checkpoints, dict) else {}).items()
+                if isinstance(ck, dict)
+            },
+        }
+    return {
+        "schema_version": 1,
+        "clusters": clusters,
+        "created_at": old.get("created_at"),
+        "updated_at": old.get("updated_at"),
+        "written_by": old.get("written_by"),
+        "envs": envs,
+    }
+
+
+def _v0_checkpoint(old: dict[str, Any], clusters: list[str]) -> dict[str, Any]:
+    verified_at = old.get("verified_at")
+    error = old.get("error")
+    fetched_at = old.get("fetched_at")
+    if fetched_at is None and (old.get("fetched") or verified_at):
+        fetched_at = verified_at or old.get("updated_at")
+    verifications: dict[str, Any] = {}
+    if clusters and (verified_at or error):
+        device = str(old.get("device") or "cpu")
+        kind = device_kind(device)
+        verifications[clusters[0]] = {
+            kind: {
+                "state": "failed" if error else "verified",
+                "at": verified_at or old.get("updated_at"),
+                "device": device,
+                "device_kind": kind,
+                "message": str(error).strip().splitlines()[0] if error else None,
+                "fingerprint": None,
+                "reference": None,
+                "drift": None,
+                # v0 never said which build it verified, so v1 shows the record as
+                # stale until the next verification.
+                "build": {
+                    "build_id": None,
+                    "source_hash": None,
+                    "built_at": None,
+                    "lock_hash": None,
+                },
+            }
+        }
+    return {"fetched_at": fetched_at, "verifications": verifications}
+
+
+MIGRATIONS: dict[int, Callable[[Manifest], Manifest]] = {0: _v0_to_v1}

@@ -1,0 +1,217 @@
+"""Reading and writing ``{root}/manifest.json``, and which clusters it serves.
+
+Reads take no lock: every write renames a complete temp file into place, so a
+reader sees the old file or the new one. Every write is a short read-modify-write
+under ``{root}/.locks/manifest.lock`` (:class:`~rootstock.install.locking.FileLock`:
+POSIX record locks, with an ``mkdir`` fallback where the filesystem refuses them),
+so concurrent writers never lose each other's updates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rootstock.errors import ManifestError, UsageError
+from rootstock.install.atomic import atomic_write_bytes, atomic_write_json
+from rootstock.install.clusters import clusters_for_root
+from rootstock.install.layout import InstallLayout
+from rootstock.install.locking import FileLock
+from rootstock.install.manifest.schema import (
+    MANIFEST_VERSION,
+    Manifest,
+    new_manifest,
+    normalize_cluster,
+    parse_manifest_text,
+    unique,
+    utc_now,
+)
+
+LOCK_NAME = "manifest.lock"
+DEFAULT_LOCK_TIMEOUT = 60.0
+ORPHAN_AGE_S = 300.0
+
+T = TypeVar("T")
+
+
+def manifest_lock_path(layout: InstallLayout) -> Path:
+    """The lock file every manifest writer takes (``{root}/.locks/manifest.lock``)."""
+    return layout.locks_dir / LOCK_NAME
+
+
+def load_manifest(layout: InstallLayout) -> Manifest:
+    """Read, migrate and check the manifest; an absent file gives a fresh one (not written).
+
+    Raises :class:`ManifestError` for a corrupt file or a newer schema.
+    """
+    data, _ = _read(layout.manifest_file)
+    return data
+
+
+def _read(path: Path) -> tuple[Manifest, bool]:
+    """Return (manifest, needs_write): needs_write when absent or migrated."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return new_manifest(), True
+    except OSError as exc:
+        raise ManifestError(
+            f"cannot read {path}: {exc.strerror or exc}",
+            hint="check the permissions of the install root (rootstock setup-perms)",
+        ) from None
+    return parse_manifest_text(raw, path)
+
+
+def update_manifest(
+    layout: InstallLayout,
+    mutate: Callable[[Manifest], T],
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> T:
+    """Run ``mutate(manifest)`` in a locked read-modify-write and return its result.
+
+    ``mutate`` edits the dict in place. It must be quick and do no I/O of its own: the
+    lock is held while it runs. If it raises, nothing is written. A refused (corrupt
+    or newer) manifest raises :class:`ManifestError` before ``mutate`` runs. When
+    nothing changed, the file is not rewritten. Raises
+    :class:`~rootstock.errors.LockTimeout` after ``timeout`` seconds of waiting.
+    """
+    path = layout.manifest_file
+    with FileLock(manifest_lock_path(layout), timeout=timeout, what="manifest lock"):
+        _remove_orphaned_temp_files(path)
+        data, needs_write = _read(path)
+        before = json.dumps(data, sort_keys=True)
+        result = mutate(data)
+        if needs_write or json.dumps(data, sort_keys=True) != before:
+            from rootstock import __version__
+
+            data["schema_version"] = MANIFEST_VERSION
+            data["updated_at"] = utc_now()
+            data["written_by"] = f"rootstock {__version__}"
+            atomic_write_json(path, data)
+    return result
+
+
+def _remove_orphaned_temp_files(path: Path) -> None:
+    # A writer holds the lock for the milliseconds its temp file exists, so a temp
+    # file that is minutes old belongs to a writer killed mid-write. The age test
+    # (rather than trusting the lock alone) keeps a sweep from ever deleting the
+    # file of a live writer that is somehow outside our lock.
+    prefix = f".{path.name}.tmp-"
+    try:
+        names = [n for n in os.listdir(path.parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    cutoff = time.time() - ORPHAN_AGE_S
+    for name in names:
+        # A file another user owns may not be ours to delete; it is harmless litter.
+        with contextlib.suppress(OSError):
+            orphan = path.parent / name
+            if orphan.stat().st_mtime < cutoff:
+                orphan.unlink()
+
+
+@dataclass(frozen=True)
+class ManifestInit:
+    """What :func:`ensure_manifest` did."""
+
+    created: bool
+    clusters: list[str]
+    backup: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "created": self.created,
+            "clusters": list(self.clusters),
+            "backup": str(self.backup) if self.backup else None,
+        }
+
+
+def ensure_manifest(
+    layout: InstallLayout,
+    clusters: Iterable[str],
+    force: bool = False,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> ManifestInit:
+    """``manifest init``: make sure the manifest exists and serves ``clusters``.
+
+    Registry siblings of the root are added too. An existing manifest keeps all its
+    state and only gains missing clusters. ``force`` replaces it with a fresh one;
+    the old bytes are first saved as ``manifest.json.bak-<time>`` (this is the one
+    way to get past a corrupt or newer-schema file).
+    """
+    wanted = unique([*(normalize_cluster(c) for c in clusters), *_sibling_names(layout)])
+    path = layout.manifest_file
+    if not force:
+        existed = path.exists()
+
+        def add_clusters(data: Manifest) -> list[str]:
+            data["clusters"] = unique([*data["clusters"], *wanted])
+            return list(data["clusters"])
+
+        served = update_manifest(layout, add_clusters, timeout)
+        return ManifestInit(created=not existed, clusters=served)
+    with FileLock(manifest_lock_path(layout), timeout=timeout, what="manifest lock"):
+        backup = None
+        try:
+            old = path.read_bytes()
+        except FileNotFoundError:
+            old = None
+        if old is not None:
+            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+            backup = path.with_name(f"{path.name}.bak-{stamp}")
+            atomic_write_bytes(backup, old)
+        from rootstock import __version__
+
+        data = new_manifest(wanted)
+        data["updated_at"] = data["created_at"]
+        data["written_by"] = f"rootstock {__version__}"
+        atomic_write_json(path, data)
+    return ManifestInit(created=True, clusters=wanted, backup=backup)
+
+
+def _sibling_names(layout: InstallLayout) -> list[str]:
+    return sorted(c.name for c in clusters_for_root(layout.root))
+
+
+def served_clusters(layout: InstallLayout, manifest: Manifest | None = None) -> list[str]:
+    """The clusters this install serves: the manifest's list plus registry siblings."""
+    data = manifest if manifest is not None else load_manifest(layout)
+    return unique([*data["clusters"], *_sibling_names(layout)])
+
+
+def resolve_cluster(
+    layout: InstallLayout, cluster: str | None, manifest: Manifest | None = None
+) -> str:
+    """The machine verification results are recorded for.
+
+    A single-cluster install needs no name; a shared install refuses without one,
+    and a name the install does not serve is refused with the way to add it.
+    """
+    served = served_clusters(layout, manifest)
+    if cluster:
+        name = normalize_cluster(cluster)
+        if served and name not in served:
+            raise UsageError(
+                f"this install does not serve cluster {name!r} (it serves {', '.join(served)})",
+                hint=f"pass one of those, or add it: rootstock manifest init --cluster {name}",
+            )
+        return name
+    if len(served) == 1:
+        return served[0]
+    if not served:
+        raise UsageError(
+            "this install's manifest names no cluster, so results cannot be attributed",
+            hint="pass --cluster NAME, or run `rootstock manifest init --cluster NAME`",
+        )
+    raise UsageError(
+        f"this install serves several clusters ({', '.join(served)}); say which machine this is",
+        hint="pass --cluster NAME",
+    )
