@@ -1,0 +1,196 @@
+"""One-record writes: an env build, a fetch, a verification outcome.
+
+Each helper is one short locked read-modify-write (:func:`.store.update_manifest`)
+that touches only its own record, so a smoke-test killed at its wall-time limit
+keeps every stamp it reached, and concurrent ``add``/``smoke-test``/``install``
+processes never lose each other's updates. Do the slow work (download, forward
+pass) first, then call these.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+from typing import Any
+
+from rootstock.install.layout import InstallLayout
+from rootstock.install.manifest.fingerprints import (
+    FingerprintTolerance,
+    compare_fingerprints,
+    device_kind,
+)
+from rootstock.install.manifest.schema import (
+    BUILD_REF_FIELDS,
+    ENV_BUILD_FIELDS,
+    Manifest,
+    normalize_cluster,
+    utc_now,
+)
+from rootstock.install.manifest.store import DEFAULT_LOCK_TIMEOUT, update_manifest
+
+MESSAGE_MAX = 300
+
+
+def record_env_build(
+    layout: InstallLayout,
+    env_name: str,
+    build_info: dict[str, Any],
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> dict[str, Any]:
+    """Record a finished (re)build of ``env_name``; return the env's build fields.
+
+    ``build_info`` holds :data:`ENV_BUILD_FIELDS` (``source_hash`` required;
+    ``built_at`` defaults to now, ``build_id`` to a fresh random token that tells
+    this build from any other even within one second; others default to None).
+    Checkpoint records are
+    kept: their verifications now point at an older build, so they show as stale
+    until re-verified, and re-verification compares with their reference fingerprint.
+    """
+    unknown = set(build_info) - set(ENV_BUILD_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown env build fields: {sorted(unknown)}")
+    if not build_info.get("source_hash"):
+        raise ValueError("build_info needs a source_hash")
+    fields = {name: build_info.get(name) for name in ENV_BUILD_FIELDS}
+    fields["built_at"] = fields["built_at"] or utc_now()
+    fields["build_id"] = fields["build_id"] or secrets.token_hex(8)
+
+    def mutate(data: Manifest) -> dict[str, Any]:
+        entry = _env_entry(data, env_name)
+        entry.update(fields)
+        return {k: entry[k] for k in ENV_BUILD_FIELDS}
+
+    return update_manifest(layout, mutate, timeout)
+
+
+def forget_env(layout: InstallLayout, env_name: str, timeout: float = DEFAULT_LOCK_TIMEOUT) -> bool:
+    """Drop an env and all its checkpoint records; True if it was recorded."""
+    return update_manifest(
+        layout, lambda data: data["envs"].pop(env_name, None) is not None, timeout
+    )
+
+
+def record_fetch(
+    layout: InstallLayout,
+    env_name: str,
+    checkpoint: str,
+    at: str | None = None,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> dict[str, Any]:
+    """Stamp ``checkpoint`` (served by ``env_name``) as fetched; return its record."""
+    stamp = at or utc_now()
+
+    def mutate(data: Manifest) -> dict[str, Any]:
+        entry = _checkpoint_entry(_env_entry(data, env_name), checkpoint)
+        entry["fetched_at"] = stamp
+        return copy.deepcopy(entry)
+
+    return update_manifest(layout, mutate, timeout)
+
+
+def record_verification(
+    layout: InstallLayout,
+    env_name: str,
+    checkpoint: str,
+    cluster: str,
+    result: dict[str, Any],
+    accept_drift: bool = False,
+    tolerance: FingerprintTolerance | None = None,
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> dict[str, Any]:
+    """Record one verification outcome on ``cluster`` and return the stored record.
+
+    ``result`` keys: ``passed`` (bool, required); ``device`` (default ``"cpu"``);
+    ``device_kind`` (default derived from ``device``); ``fingerprint`` (required
+    when passed); ``message`` (why it failed; kept to one line); ``at`` (default
+    now); ``build`` (the env's ``build_id``/``source_hash``/``built_at``/``lock_hash``
+    as the worker ran it, captured before it started: ``source_hash`` from the live
+    ``env_source.py``; missing fields default to the env's recorded build). A
+    ``build.source_hash`` also refreshes the env's recorded ``source_hash`` (unless
+    the ``build_id`` says a rebuild has happened since), so a hotfix is recorded
+    once it has been verified.
+
+    A pass is compared with the reference fingerprint for the same cluster and device
+    kind: within tolerance it is ``verified``, beyond it ``drifted``. The first pass
+    on a device kind sets the reference; ``accept_drift`` replaces it.
+    """
+    if not isinstance(result.get("passed"), bool):
+        raise ValueError("result['passed'] must be True or False")
+    passed = result["passed"]
+    fingerprint = result.get("fingerprint")
+    if passed and not isinstance(fingerprint, dict):
+        raise ValueError("a passed verification needs its fingerprint")
+    device = str(result.get("device") or "cpu")
+    kind = str(result.get("device_kind") or device_kind(device))
+    at = result.get("at") or utc_now()
+    message = one_line(result.get("message"))
+    build_given = dict(result.get("build") or {})
+    cluster_name = normalize_cluster(cluster)
+
+    def mutate(data: Manifest) -> dict[str, Any]:
+        env = _env_entry(data, env_name)
+        same_build = build_given.get("build_id") in (None, env.get("build_id"))
+        if build_given.get("source_hash") and same_build:
+            env["source_hash"] = build_given["source_hash"]
+        build = {f: build_given.get(f, env.get(f)) for f in BUILD_REF_FIELDS}
+        entry = _checkpoint_entry(env, checkpoint)
+        by_kind = entry["verifications"].setdefault(cluster_name, {})
+        reference = (by_kind.get(kind) or {}).get("reference")
+        state, drift, note = "failed", None, message
+        if passed:
+            if reference is None or accept_drift:
+                reference = {"fingerprint": fingerprint, "at": at, "build": build}
+                state = "verified"
+            else:
+                comparison = compare_fingerprints(reference["fingerprint"], fingerprint, tolerance)
+                state = "verified" if comparison.within else "drifted"
+                if not comparison.within:
+                    drift, note = comparison.to_dict(), one_line(comparison.message)
+            if entry.get("fetched_at") is None:
+                entry["fetched_at"] = at  # a pass proves the weights are in the cache
+        record = {
+            "state": state,
+            "at": at,
+            "device": device,
+            "device_kind": kind,
+            "message": note,
+            "fingerprint": fingerprint if passed else None,
+            "reference": reference,
+            "drift": drift,
+            "build": build,
+        }
+        by_kind[kind] = record
+        if cluster_name not in data["clusters"]:
+            data["clusters"].append(cluster_name)
+        return copy.deepcopy(record)
+
+    return update_manifest(layout, mutate, timeout)
+
+
+def one_line(message: Any) -> str | None:
+    """The first non-empty line of ``message``, at most :data:`MESSAGE_MAX` characters."""
+    if message is None:
+        return None
+    for line in str(message).splitlines():
+        if line.strip():
+            text = line.strip()
+            return text if len(text) <= MESSAGE_MAX else text[: MESSAGE_MAX - 1] + "…"
+    return None
+
+
+def _env_entry(data: Manifest, env_name: str) -> dict[str, Any]:
+    env = data["envs"].get(env_name)
+    if env is None:
+        # An env recorded before its build (a manifest made after `install`):
+        # unknown build fields are null until the next `install` records them.
+        env = {name: None for name in ENV_BUILD_FIELDS}
+        data["envs"][env_name] = env
+    env.setdefault("checkpoints", {})
+    return env
+
+
+def _checkpoint_entry(env: dict[str, Any], checkpoint: str) -> dict[str, Any]:
+    entry = env["checkpoints"].setdefault(checkpoint, {})
+    entry.setdefault("fetched_at", None)
+    entry.setdefault("verifications", {})
+    return entry
