@@ -20,7 +20,7 @@ state            meaning
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -48,7 +48,9 @@ class CheckpointState:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the shape ``status --json`` uses per cell)."""
-        return asdict(self)
+        # Every field is a scalar, so a shallow copy is enough; asdict() deep-copies
+        # and costs a third of `status` on a large install.
+        return dict(self.__dict__)
 
 
 def checkpoint_state(

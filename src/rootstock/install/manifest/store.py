@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rootstock.errors import ManifestError, UsageError
-from rootstock.install.atomic import atomic_write_bytes, atomic_write_json
+from rootstock.install.atomic import atomic_write_bytes
 from rootstock.install.clusters import clusters_for_root
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
@@ -55,18 +55,19 @@ def load_manifest(layout: InstallLayout) -> Manifest:
     return data
 
 
-def _read(path: Path) -> tuple[Manifest, bool]:
-    """Return (manifest, needs_write): needs_write when absent or migrated."""
+def _read(path: Path) -> tuple[Manifest, bytes | None]:
+    """Return (manifest, the bytes it was parsed from); None bytes when absent."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return new_manifest(), True
+        return new_manifest(), None
     except OSError as exc:
         raise ManifestError(
             f"cannot read {path}: {exc.strerror or exc}",
             hint="check the permissions of the install root (rootstock setup-perms)",
         ) from None
-    return parse_manifest_text(raw, path)
+    data, _ = parse_manifest_text(raw, path)
+    return data, raw
 
 
 def update_manifest(
@@ -78,24 +79,32 @@ def update_manifest(
 
     ``mutate`` edits the dict in place. It must be quick and do no I/O of its own: the
     lock is held while it runs. If it raises, nothing is written. A refused (corrupt
-    or newer) manifest raises :class:`ManifestError` before ``mutate`` runs. When
-    nothing changed, the file is not rewritten. Raises
+    or newer) manifest raises :class:`ManifestError` before ``mutate`` runs. An
+    absent manifest is created; when nothing changed, the file is not rewritten. Raises
     :class:`~rootstock.errors.LockTimeout` after ``timeout`` seconds of waiting.
     """
     path = layout.manifest_file
     with FileLock(manifest_lock_path(layout), timeout=timeout, what="manifest lock"):
         _remove_orphaned_temp_files(path)
-        data, needs_write = _read(path)
-        before = json.dumps(data, sort_keys=True)
+        data, raw = _read(path)
         result = mutate(data)
-        if needs_write or json.dumps(data, sort_keys=True) != before:
+        if raw is None or serialize_manifest(data) != raw:
             from rootstock import __version__
 
             data["schema_version"] = MANIFEST_VERSION
             data["updated_at"] = utc_now()
             data["written_by"] = f"rootstock {__version__}"
-            atomic_write_json(path, data)
+            atomic_write_bytes(path, serialize_manifest(data))
     return result
+
+
+def serialize_manifest(data: Manifest) -> bytes:
+    """The bytes written to disk: key-sorted, compact JSON and a newline.
+
+    Compact because an indented dump runs in pure Python and is five times slower
+    on a large install; ``rootstock manifest show --json`` pretty-prints.
+    """
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8") + b"\n"
 
 
 def _remove_orphaned_temp_files(path: Path) -> None:
@@ -173,7 +182,7 @@ def ensure_manifest(
         data = new_manifest(wanted)
         data["updated_at"] = data["created_at"]
         data["written_by"] = f"rootstock {__version__}"
-        atomic_write_json(path, data)
+        atomic_write_bytes(path, serialize_manifest(data))
     return ManifestInit(created=True, clusters=wanted, backup=backup)
 
 
