@@ -330,6 +330,27 @@ def _module_level_statements(tree: ast.Module) -> list[ast.AST]:
     return found
 
 
+def _tables_assigned(node: ast.AST) -> list[tuple[str, bool]]:
+    """``(table, rebinds)`` for each table a statement assigns, changes or deletes.
+
+    ``rebinds`` is True when the whole name is bound (``CHECKPOINTS = ...``) and
+    False for item assignment, augmented assignment and ``del``.
+    """
+    if isinstance(node, ast.Assign | ast.Delete):
+        targets = node.targets
+    elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+        targets = [node.target]
+    else:
+        return []
+    binds = isinstance(node, ast.Assign | ast.AnnAssign)
+    return [
+        (sub.id, binds and sub is target)
+        for target in targets
+        for sub in ast.walk(target)
+        if isinstance(sub, ast.Name) and sub.id in TABLES
+    ]
+
+
 def _check_tables_not_changed(env: EnvFile, tree: ast.Module, problem: Report) -> None:
     """Reject tables the worker would see differently from the client.
 
@@ -345,23 +366,20 @@ def _check_tables_not_changed(env: EnvFile, tree: ast.Module, problem: Report) -
             problem(line, message, fix)
 
     for node in _module_level_statements(tree):
-        if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.Delete):
-            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
-            for target in targets:
-                for sub in ast.walk(target):
-                    if isinstance(sub, ast.Name) and sub.id in TABLES:
-                        whole = isinstance(target, ast.Name) and not isinstance(
-                            node, ast.AugAssign | ast.Delete
-                        )
-                        if whole and id(node) in top_level:
-                            continue  # the one literal definition, read above
-                        report(
-                            sub.id,
-                            node.lineno,
-                            f"{sub.id} is changed or defined outside its top-level literal",
-                            f"put every entry in the one top-level {sub.id} = ... literal",
-                        )
-        elif (
+        for name, rebinds in _tables_assigned(node):
+            if rebinds and id(node) in top_level:
+                continue  # the one literal definition, read by _read_module
+            if rebinds:
+                message = f"{name} is defined inside a block (if/try/for/with)"
+            else:
+                message = f"{name} is changed after its top-level literal"
+            report(
+                name,
+                node.lineno,
+                message,
+                f"put every entry in the one top-level {name} = ... literal",
+            )
+        if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)
             and isinstance(node.func.value, ast.Name)

@@ -15,7 +15,10 @@ CHECKPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?::custom)?$")
 CUSTOM_SUFFIX = ":custom"
 VERIFY_STRUCTURE_KEYS = ("symbols", "positions", "cell", "pbc")
 SETUP_FROM_PATH_SIGNATURE = 'def setup_from_path(path, device="cuda", **kw)'
-STRUCTURE_FIX = "see docs/environments.md#verify_structure"
+STRUCTURE_EXAMPLE = (
+    'VERIFY_STRUCTURE = {"symbols": ["Cu"], "positions": [[0, 0, 0]], '
+    '"cell": [[0, 1.8, 1.8], [1.8, 0, 1.8], [1.8, 1.8, 0]], "pbc": True}'
+)
 
 # problem(line, message, fix): how every reader reports what it finds.
 Report = Callable[[int, str, str], None]
@@ -34,11 +37,18 @@ def read_checkpoints(
     problem: Report,
 ) -> dict[str, str | None]:
     """The valid ``{id: upstream}`` entries of ``CHECKPOINTS``."""
-    if not isinstance(table, dict) or not table:
+    if not isinstance(table, dict):
         problem(
             line,
-            "CHECKPOINTS must be a non-empty dict {id: upstream-string}",
+            f"CHECKPOINTS is a {type(table).__name__}; it must be a dict {{id: upstream-string}}",
             'write CHECKPOINTS = {"my-model-1": "upstream-name"}',
+        )
+        return {}
+    if not table:
+        problem(
+            line,
+            "CHECKPOINTS is empty, so this env would serve nothing",
+            'declare at least one id: CHECKPOINTS = {"my-model-1": "upstream-name"}',
         )
         return {}
     checkpoints: dict[str, str | None] = {}
@@ -192,7 +202,11 @@ def _valid_pbc(pbc: Any) -> bool:
 def read_verify_structure(table: Any, line: int, problem: Report) -> dict[str, Any] | None:
     """``VERIFY_STRUCTURE`` if it describes a structure ASE can build, else None."""
     if not isinstance(table, dict):
-        problem(line, "VERIFY_STRUCTURE must be a dict with symbols and positions", STRUCTURE_FIX)
+        problem(
+            line,
+            "VERIFY_STRUCTURE must be a dict with symbols and positions",
+            f"write {STRUCTURE_EXAMPLE}",
+        )
         return None
     unknown = sorted(str(k) for k in table if k not in VERIFY_STRUCTURE_KEYS)
     if unknown:
@@ -215,15 +229,23 @@ def read_verify_structure(table: Any, line: int, problem: Report) -> dict[str, A
             line,
             f"VERIFY_STRUCTURE positions must be {len(symbols)} [x, y, z] rows of numbers, "
             "one per symbol",
-            STRUCTURE_FIX,
+            "give one [x, y, z] row in Å for each symbol, in the same order",
         )
         return None
     cell, pbc = table.get("cell"), table.get("pbc", False)
     if cell is not None and not _vectors(cell, 3):
-        problem(line, "VERIFY_STRUCTURE cell must be 3 rows of 3 numbers (Å)", STRUCTURE_FIX)
+        problem(
+            line,
+            "VERIFY_STRUCTURE cell must be 3 rows of 3 numbers (Å)",
+            "write cell = [[a1x, a1y, a1z], [a2x, a2y, a2z], [a3x, a3y, a3z]]",
+        )
         return None
     if not _valid_pbc(pbc):
-        problem(line, "VERIFY_STRUCTURE pbc must be True, False or three booleans", STRUCTURE_FIX)
+        problem(
+            line,
+            "VERIFY_STRUCTURE pbc must be True, False or three booleans",
+            "write pbc = True, or per axis, e.g. pbc = [True, True, False]",
+        )
         return None
     if cell is None and (pbc is True or (isinstance(pbc, list | tuple) and any(pbc))):
         problem(

@@ -1,0 +1,16 @@
+"""Malformed on purpose: the file name starts with an underscore."""
+
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["ase>=3.23", "numpy"]
+# ///
+
+CHECKPOINTS = {
+    "toy-1": "toy",
+}
+
+
+def setup(checkpoint, device="cuda", **kw):
+    from ase.calculators.emt import EMT
+
+    return EMT()

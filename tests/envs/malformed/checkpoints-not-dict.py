@@ -1,0 +1,14 @@
+"""Malformed on purpose: CHECKPOINTS is a list."""
+
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["ase>=3.23", "numpy"]
+# ///
+
+CHECKPOINTS = ["toy-1"]
+
+
+def setup(checkpoint, device="cuda", **kw):
+    from ase.calculators.emt import EMT
+
+    return EMT()

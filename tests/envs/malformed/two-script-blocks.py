@@ -1,0 +1,21 @@
+"""Malformed on purpose: two PEP 723 script blocks."""
+
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["ase>=3.23", "numpy"]
+# ///
+
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["ase>=3.23", "numpy"]
+# ///
+
+CHECKPOINTS = {
+    "toy-1": "toy",
+}
+
+
+def setup(checkpoint, device="cuda", **kw):
+    from ase.calculators.emt import EMT
+
+    return EMT()

@@ -1,0 +1,20 @@
+"""Malformed on purpose: a VERIFY_KWARGS value is a set."""
+
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["ase>=3.23", "numpy"]
+# ///
+
+CHECKPOINTS = {
+    "toy-1": "toy",
+}
+
+VERIFY_KWARGS = {
+    "toy-1": {"elements": {"Cu", "Ni"}},
+}
+
+
+def setup(checkpoint, device="cuda", **kw):
+    from ase.calculators.emt import EMT
+
+    return EMT()

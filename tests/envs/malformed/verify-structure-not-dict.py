@@ -1,0 +1,18 @@
+"""Malformed on purpose: VERIFY_STRUCTURE is a list."""
+
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["ase>=3.23", "numpy"]
+# ///
+
+CHECKPOINTS = {
+    "toy-1": "toy",
+}
+
+VERIFY_STRUCTURE = ["Cu", [0, 0, 0]]
+
+
+def setup(checkpoint, device="cuda", **kw):
+    from ase.calculators.emt import EMT
+
+    return EMT()

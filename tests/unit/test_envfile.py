@@ -1,0 +1,384 @@
+"""Env-file parsing and lint: the malformed corpus, the samples, and id conflicts.
+
+Every file in ``tests/envs/malformed/`` breaks exactly one rule and must be
+rejected with its own message, on the right line, naming the fix.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rootstock.errors import EnvFileError
+from rootstock.install.envfile import (
+    EnvFile,
+    LintProblem,
+    id_conflicts,
+    parse_env_file,
+    read_env_file,
+    source_hash,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "environments"
+MALFORMED = REPO / "tests" / "envs" / "malformed"
+
+# file stem -> (line of the problem, a substring only its own message contains)
+EXPECTED = {
+    "syntax-error": (13, "syntax error: expected ':'"),
+    "no-script-block": (1, "no PEP 723 metadata block"),
+    "unclosed-script-block": (3, "block is never closed"),
+    "two-script-blocks": (8, "more than one '# /// script' block"),
+    "invalid-toml": (3, "block is not valid TOML"),
+    "no-dependencies": (3, "block needs dependencies"),
+    "rootstock-dependency": (3, "rootstock is not installed by name"),
+    "requires-python-not-string": (3, "requires-python must be a string"),
+    "no-checkpoints": (1, "no module-level CHECKPOINTS table"),
+    "empty-checkpoints": (8, "CHECKPOINTS is empty"),
+    "checkpoints-not-dict": (8, "CHECKPOINTS is a list; it must be a dict"),
+    "no-setup": (1, "no top-level setup() function"),
+    "setup-without-device": (13, "setup() accepts no device argument"),
+    "setup-without-checkpoint": (13, "setup() takes no checkpoint argument"),
+    "setup-from-path-without-path": (20, "setup_from_path() takes no path argument"),
+    "checkpoints-not-literal": (9, "CHECKPOINTS is not a literal"),
+    "verify-kwargs-not-literal": (13, "VERIFY_KWARGS is not a literal"),
+    "custom-without-setup-from-path": (10, "takes user weights but there is no setup_from_path"),
+    "verify-kwargs-unknown-id": (13, "VERIFY_KWARGS names 'toy-2', which CHECKPOINTS does not"),
+    "verify-kwargs-not-dict": (12, "VERIFY_KWARGS must be a dict {checkpoint-id"),
+    "verify-kwargs-value-not-dict": (13, "VERIFY_KWARGS['toy-1'] must be a dict of keyword"),
+    "verify-kwargs-not-json": (13, "JSON cannot carry"),
+    "empty-clusters": (12, "CLUSTERS is empty"),
+    "clusters-not-list": (12, "CLUSTERS must be a list of cluster names"),
+    "duplicate-id-of-emt": (10, "'emt' is already declared by the installed env 'emt'"),
+    "bad-checkpoint-id": (10, "checkpoint id 'toy model' is not allowed"),
+    "checkpoint-value-none": (10, "CHECKPOINTS['toy-2'] is None; it must be a string"),
+    "custom-value-not-string": (10, "CHECKPOINTS['toy:custom'] must be None or a string"),
+    "empty-upstream": (10, "CHECKPOINTS['toy-2'] is an empty string"),
+    "duplicate-key": (10, "CHECKPOINTS repeats the key 'toy-1'"),
+    "assigned-twice": (12, "CHECKPOINTS is assigned again (first on line 8)"),
+    "changed-after-literal": (12, "CHECKPOINTS is changed after its top-level literal"),
+    "updated-at-import": (12, "CHECKPOINTS.update() changes CHECKPOINTS at import time"),
+    "defined-in-block": (13, "VERIFY_KWARGS is defined inside a block"),
+    "verify-structure-not-dict": (12, "VERIFY_STRUCTURE must be a dict"),
+    "verify-structure-unknown-key": (12, "VERIFY_STRUCTURE has unknown keys ['positons']"),
+    "verify-structure-bad-symbol": (12, "symbols are missing or not chemical elements"),
+    "verify-structure-positions-mismatch": (12, "positions must be 2 [x, y, z] rows"),
+    "verify-structure-bad-cell": (12, "VERIFY_STRUCTURE cell must be 3 rows"),
+    "verify-structure-bad-pbc": (12, "VERIFY_STRUCTURE pbc must be True, False"),
+    "verify-structure-periodic-without-cell": (12, "is periodic but has no cell"),
+    "_bad-env-name": (1, "env name '_bad-env-name' (from the file name) is not allowed"),
+}
+
+# The rules the issue requires, each with the corpus file that breaks it.
+REQUIRED_RULES = {
+    "syntax error": "syntax-error",
+    "missing PEP 723 block": "no-script-block",
+    "missing CHECKPOINTS": "no-checkpoints",
+    "missing setup": "no-setup",
+    "non-literal tables": "checkpoints-not-literal",
+    ":custom without setup_from_path": "custom-without-setup-from-path",
+    "VERIFY_KWARGS key not declared": "verify-kwargs-unknown-id",
+    "empty CLUSTERS": "empty-clusters",
+    "id declared by another installed env": "duplicate-id-of-emt",
+    "id outside the allowed pattern": "bad-checkpoint-id",
+    "CHECKPOINTS value not a string": "checkpoint-value-none",
+}
+
+
+def sample_envs() -> list[EnvFile]:
+    """The shipped sample envs, standing in for an install's built envs."""
+    return [read_env_file(path) for path in sorted(SAMPLES.glob("*.py"))]
+
+
+def corpus_problems(stem: str) -> list[LintProblem]:
+    """Everything ``install`` would report for one corpus file."""
+    env, problems = parse_env_file(MALFORMED / f"{stem}.py")
+    return problems + id_conflicts(env, sample_envs())
+
+
+def write_env(directory: Path, name: str, body: str) -> Path:
+    """A valid env file named ``name`` with ``body`` (tables) spliced in."""
+    path = directory / f"{name}.py"
+    path.write_text(
+        '"""A test env."""\n\n'
+        "# /// script\n"
+        '# requires-python = ">=3.11"\n'
+        '# dependencies = ["ase>=3.23"]\n'
+        "# ///\n\n"
+        + textwrap.dedent(body).strip()
+        + '\n\n\ndef setup(checkpoint, device="cuda", **kw):\n'
+        "    from ase.calculators.emt import EMT\n\n"
+        "    return EMT()\n"
+    )
+    return path
+
+
+# --- the malformed corpus -------------------------------------------------------------
+
+
+def test_corpus_is_complete():
+    on_disk = {p.stem for p in MALFORMED.glob("*.py")}
+    assert on_disk == set(EXPECTED), "every corpus file needs an entry in EXPECTED"
+    assert len(on_disk) >= 18
+    assert set(REQUIRED_RULES.values()) <= on_disk
+
+
+@pytest.mark.parametrize("stem", sorted(EXPECTED))
+def test_malformed_file_is_rejected_with_its_own_message(stem):
+    line, needle = EXPECTED[stem]
+    problems = corpus_problems(stem)
+    assert len(problems) == 1, [str(p) for p in problems]
+    (problem,) = problems
+    assert needle in problem.message
+    assert problem.line == line
+    text = str(problem)
+    assert text.startswith(f"{MALFORMED / stem}.py:{line}: ")
+    assert text.endswith(")") and "(fix: " in text
+    assert problem.fix.strip()
+
+
+def test_each_message_is_distinct():
+    messages = {stem: corpus_problems(stem)[0].message for stem in EXPECTED}
+    for stem, (_, needle) in EXPECTED.items():
+        owners = [other for other, message in messages.items() if needle in message]
+        assert owners == [stem], f"{needle!r} matches {owners}"
+
+
+@pytest.mark.parametrize("stem", sorted(set(EXPECTED) - {"duplicate-id-of-emt"}))
+def test_read_env_file_raises_with_the_problem(stem):
+    with pytest.raises(EnvFileError) as caught:
+        read_env_file(MALFORMED / f"{stem}.py")
+    error = caught.value
+    assert len(error.problems) == 1
+    assert EXPECTED[stem][1] in str(error)
+    assert "docs/environments.md" in str(error)
+
+
+def test_unreadable_file_names_the_fix(tmp_path):
+    path = tmp_path / "latin1.py"
+    path.write_bytes(b'"""caf\xe9"""\n')
+    with pytest.raises(EnvFileError) as caught:
+        parse_env_file(path)
+    assert str(path) in str(caught.value)
+    assert "UTF-8" in caught.value.hint
+
+
+# --- the samples ----------------------------------------------------------------------
+
+
+def test_every_sample_passes_the_lint_and_conflicts_with_none():
+    envs = sample_envs()
+    assert {e.name for e in envs} >= {"emt", "chgnet", "sevennet", "mace", "uma", "orb"}
+    for env in envs:
+        assert env.requires_python == ">=3.11", env.name
+        assert id_conflicts(env, envs) == [], env.name
+
+
+def test_samples_are_production_shaped():
+    """Plain torch, no CPU pin, no local paths: tests add those at build time."""
+    for env in sample_envs():
+        for dep in env.dependencies:
+            assert "+cpu" not in dep and "file:" not in dep and "/" not in dep, (env.name, dep)
+        if env.name != "emt":
+            assert "torch" in env.dependencies, env.name
+        assert "tool" not in env.script_metadata, env.name
+
+
+@pytest.mark.parametrize("name", ["mace", "uma", "orb", "tensornet"])
+def test_production_samples_say_they_are_not_exercised_here(name):
+    docstring = ast.get_docstring(ast.parse((SAMPLES / f"{name}.py").read_text()))
+    assert "not exercised by the test suite here (weights come from a hub)" in " ".join(
+        docstring.lower().split()
+    )
+
+
+def test_emt_sample():
+    env = read_env_file(SAMPLES / "emt.py")
+    assert env.declared_ids() == ["emt"]
+    assert env.functions == {"setup"}
+    assert not env.is_variant and env.verify_kwargs == {}
+    assert [d.split(">")[0] for d in env.dependencies] == ["ase", "numpy"]
+
+
+def test_chgnet_sample():
+    env = read_env_file(SAMPLES / "chgnet.py")
+    assert env.checkpoints == {
+        "chgnet-0.3.0": "0.3.0",
+        "chgnet-0.2.0": "0.2.0",
+        "chgnet-r2scan": "r2scan",
+        "chgnet:custom": None,
+    }
+    assert env.has_setup_from_path
+    assert "mlp_out_bias" in env.source
+    assert env.line_of("chgnet:custom") == env.line_of("chgnet-0.3.0") + 3
+
+
+def test_sevennet_sample_lists_only_wheel_checkpoints():
+    env = read_env_file(SAMPLES / "sevennet.py")
+    assert env.declared_ids() == [
+        "sevennet-0",
+        "sevennet-0-22may2024",
+        "sevennet-l3i5",
+        "sevennet-mf-0",
+    ]
+    assert env.verify_kwargs == {"sevennet-mf-0": {"modal": "PBE"}}
+    assert not env.has_setup_from_path
+
+
+def test_production_samples():
+    uma = read_env_file(SAMPLES / "uma.py")
+    assert uma.verify_kwargs == {cid: {"task": "omat"} for cid in uma.checkpoints}
+    assert uma.has_download
+    mace = read_env_file(SAMPLES / "mace.py")
+    assert {"setup", "setup_from_path", "download"} <= mace.functions
+    assert mace.checkpoints["mace:custom"] is None
+    assert "mace-mp-0-medium" in mace.checkpoints
+    assert read_env_file(SAMPLES / "orb.py").has_download
+    assert read_env_file(SAMPLES / "tensornet.py").checkpoints
+
+
+# --- valid shapes the lint must accept ------------------------------------------------
+
+
+def test_variant_with_clusters_and_verify_structure(tmp_path):
+    path = write_env(
+        tmp_path,
+        "toy-della",
+        """
+        CHECKPOINTS: dict[str, str | None] = {
+            "toy-1": "toy",
+            "toy:custom": None,
+        }
+        VERIFY_KWARGS = {"toy-1": {"task": "omat", "cutoff": 5.0, "heads": ["a"]}}
+        CLUSTERS = ["Della", "della", "tiger"]
+        VERIFY_STRUCTURE = {
+            "symbols": "Cu2",
+            "positions": [[0, 0, 0], [1.8, 1.8, 0.0]],
+            "cell": [[3.6, 0, 0], [0, 3.6, 0], [0, 0, 3.6]],
+            "pbc": [True, True, False],
+        }
+
+
+        def setup_from_path(path, device="cuda", **kw):
+            return setup("toy-1", device)
+        """,
+    )
+    env = read_env_file(path)
+    assert env.is_variant and env.clusters == ["della", "tiger"]
+    assert env.verify_kwargs["toy-1"]["heads"] == ["a"]
+    assert env.verify_structure["symbols"] == "Cu2"
+    assert env.table_lines["CLUSTERS"] < env.table_lines["VERIFY_STRUCTURE"]
+    assert env.line_of("toy:custom") == env.line_of("toy-1") + 1
+
+
+def test_molecule_structure_without_cell(tmp_path):
+    path = write_env(
+        tmp_path,
+        "toy",
+        """
+        CHECKPOINTS = {"toy-1": "toy"}
+        VERIFY_STRUCTURE = {
+            "symbols": ["O", "H", "H"],
+            "positions": [[0, 0, 0.12], [0, 0.76, -0.47], [0, -0.76, -0.47]],
+        }
+        """,
+    )
+    structure = read_env_file(path).verify_structure
+    assert structure["symbols"] == ["O", "H", "H"] and "cell" not in structure
+
+
+@pytest.mark.parametrize(
+    "signature",
+    ['checkpoint, device="cuda"', "checkpoint, **kw", "checkpoint, *, device", "*args, **kw"],
+)
+def test_setup_signatures_that_can_take_checkpoint_and_device(tmp_path, signature):
+    path = tmp_path / "toy.py"
+    path.write_text(
+        '# /// script\n# dependencies = ["ase"]\n# ///\n'
+        'CHECKPOINTS = {"toy-1": "toy"}\n'
+        f"def setup({signature}):\n    pass\n"
+    )
+    env = read_env_file(path)
+    assert env.requires_python is None
+
+
+def test_env_source_is_read_under_the_env_name(tmp_path):
+    source = (SAMPLES / "emt.py").read_text()
+    built = tmp_path / "envs" / "emt"
+    built.mkdir(parents=True)
+    (built / "env_source.py").write_text(source)
+    env = read_env_file(built / "env_source.py", "emt")
+    assert env.name == "emt"
+    assert env.source_hash == source_hash(source)
+    assert source_hash(source + "\n") != env.source_hash
+
+
+def test_reading_tables_never_imports_the_model(tmp_path):
+    path = write_env(
+        tmp_path,
+        "toy",
+        """
+        import this_package_does_not_exist  # only the worker imports this file
+
+        CHECKPOINTS = {"toy-1": "toy"}
+        raise SystemExit("an env file must never be executed by the client")
+        """,
+    )
+    assert read_env_file(path).declared_ids() == ["toy-1"]
+
+
+# --- ids shared between installed envs ------------------------------------------------
+
+
+def conflict_fixture(tmp_path, name, clusters=None, ids=("shared-1",)):
+    body = "CHECKPOINTS = {" + ", ".join(f'"{i}": "{i}"' for i in ids) + "}\n"
+    if clusters is not None:
+        body += f"CLUSTERS = {clusters!r}\n"
+    return read_env_file(write_env(tmp_path, name, body))
+
+
+def test_universal_against_universal_conflicts(tmp_path):
+    installed = conflict_fixture(tmp_path, "first")
+    new = conflict_fixture(tmp_path, "second", ids=("own-1", "shared-1"))
+    (problem,) = id_conflicts(new, [installed])
+    assert "'shared-1' is already declared by the installed env 'first'" in problem.message
+    assert problem.line == new.line_of("shared-1")
+    assert "CLUSTERS variant" in problem.fix
+    assert str(problem).startswith(f"{new.path}:{problem.line}: ")
+
+
+def test_variant_against_universal_is_allowed_both_ways(tmp_path):
+    universal = conflict_fixture(tmp_path, "universal")
+    variant = conflict_fixture(tmp_path, "variant", clusters=["della"])
+    assert id_conflicts(variant, [universal]) == []
+    assert id_conflicts(universal, [variant]) == []
+
+
+def test_variants_on_overlapping_clusters_conflict(tmp_path):
+    first = conflict_fixture(tmp_path, "first", clusters=["della", "Delta"])
+    second = conflict_fixture(tmp_path, "second", clusters=["delta", "sophia"])
+    (problem,) = id_conflicts(second, [first])
+    assert "installed variant 'first' for cluster(s) delta" in problem.message
+    assert "drop delta from the CLUSTERS" in problem.fix
+
+
+def test_variants_on_disjoint_clusters_are_allowed(tmp_path):
+    first = conflict_fixture(tmp_path, "first", clusters=["della"])
+    second = conflict_fixture(tmp_path, "second", clusters=["sophia", "polaris"])
+    assert id_conflicts(second, [first]) == []
+
+
+def test_reinstalling_the_same_env_is_not_a_conflict(tmp_path):
+    env = conflict_fixture(tmp_path, "same")
+    assert id_conflicts(env, [env]) == []
+
+
+def test_every_shared_id_is_reported(tmp_path):
+    installed = conflict_fixture(tmp_path, "first", ids=("a-1", "b-1", "c-1"))
+    new = conflict_fixture(tmp_path, "second", ids=("b-1", "c-1", "d-1"))
+    assert [p.message.split("'")[1] for p in id_conflicts(new, [installed])] == ["b-1", "c-1"]
