@@ -7,6 +7,7 @@ rejected with its own message, on the right line, naming the fix.
 from __future__ import annotations
 
 import ast
+import functools
 import textwrap
 from pathlib import Path
 
@@ -90,15 +91,16 @@ REQUIRED_RULES = {
 }
 
 
-def sample_envs() -> list[EnvFile]:
+@functools.cache
+def sample_envs() -> tuple[EnvFile, ...]:
     """The shipped sample envs, standing in for an install's built envs."""
-    return [read_env_file(path) for path in sorted(SAMPLES.glob("*.py"))]
+    return tuple(read_env_file(path) for path in sorted(SAMPLES.glob("*.py")))
 
 
 def corpus_problems(stem: str) -> list[LintProblem]:
     """Everything ``install`` would report for one corpus file."""
     env, problems = parse_env_file(MALFORMED / f"{stem}.py")
-    return problems + id_conflicts(env, sample_envs())
+    return problems + id_conflicts(env, list(sample_envs()))
 
 
 def write_env(directory: Path, name: str, body: str) -> Path:
@@ -176,7 +178,7 @@ def test_every_sample_passes_the_lint_and_conflicts_with_none():
     assert {e.name for e in envs} >= {"emt", "chgnet", "sevennet", "mace", "uma", "orb"}
     for env in envs:
         assert env.requires_python == ">=3.11", env.name
-        assert id_conflicts(env, envs) == [], env.name
+        assert id_conflicts(env, list(envs)) == [], env.name
 
 
 def test_samples_are_production_shaped():
