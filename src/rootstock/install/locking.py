@@ -98,13 +98,21 @@ class FileLock:
     def _acquire_dir(self, blocking: bool, deadline: float | None) -> bool:
         lock_dir = self.path.with_name(self.path.name + ".d")
         while True:
+            # The owner file is written into a private directory first and the whole
+            # directory is renamed into place, so a lock directory never exists
+            # without its owner: a holder killed mid-acquire leaves no orphan.
+            staging = self.path.with_name(f".{self.path.name}.{os.getpid()}.{time.time_ns()}")
+            staging.mkdir()
+            owner = {"host": socket.gethostname(), "pid": os.getpid(), "t": time.time()}
+            (staging / "owner.json").write_text(json.dumps(owner))
             try:
-                lock_dir.mkdir()
-                owner = {"host": socket.gethostname(), "pid": os.getpid(), "t": time.time()}
-                (lock_dir / "owner.json").write_text(json.dumps(owner))
+                os.rename(staging, lock_dir)
                 self._dir = lock_dir
                 return True
-            except FileExistsError:
+            except OSError as exc:
+                shutil.rmtree(staging, ignore_errors=True)
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
                 if _dir_lock_is_stale(lock_dir):
                     shutil.rmtree(lock_dir, ignore_errors=True)
                     continue
@@ -164,13 +172,10 @@ def is_locked(path: Path) -> bool:
 def _dir_lock_is_stale(lock_dir: Path) -> bool:
     try:
         owner = json.loads((lock_dir / "owner.json").read_text())
+    except FileNotFoundError:
+        return not lock_dir.exists()  # released between our rename and this read
     except (OSError, ValueError):
-        # Owner file not written yet (the holder is between mkdir and write) or torn;
-        # treat as live unless it is old.
-        try:
-            return time.time() - lock_dir.stat().st_mtime > 600
-        except OSError:
-            return True
+        return False
     if owner.get("host") != socket.gethostname():
         return False
     try:

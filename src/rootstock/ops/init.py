@@ -8,7 +8,12 @@ from pathlib import Path
 
 from rootstock.errors import RootstockError
 from rootstock.install.config import config_path, load_config, save_config
-from rootstock.install.layout import InstallLayout, read_layout, write_layout
+from rootstock.install.layout import (
+    InstallLayout,
+    read_layout,
+    resolve_cache_root,
+    write_layout,
+)
 from rootstock.ops.install import maintainer_umask
 
 # What marks a root as already in use: init must not overwrite any of it.
@@ -61,14 +66,10 @@ def default_cluster_name() -> str:
 
 def suggest_cluster(root: Path) -> str:
     """The cluster name to offer: the manifest's, the registry's, or the host's."""
-    import json
-
     from rootstock.install.clusters import clusters_for_root
+    from rootstock.install.manifest import load_manifest
 
-    try:
-        served = json.loads((root / "manifest.json").read_text()).get("clusters") or []
-    except (OSError, ValueError, AttributeError):
-        served = []
+    served = load_manifest(InstallLayout(root, root)).get("clusters") or []
     if served:
         return str(served[0])
     registered = clusters_for_root(root)
@@ -100,21 +101,23 @@ def init_root(request: InitRequest) -> InitResult:
     result = InitResult(root, root, cluster, config_path())
     with maintainer_umask():
         layout_data = read_layout(root) if root.exists() else None
+        requested = request.cache_root.expanduser().absolute() if request.cache_root else None
         if layout_data is None:
             root.mkdir(parents=True, exist_ok=True)
-            cache = request.cache_root.expanduser().absolute() if request.cache_root else None
-            write_layout(root, cache)
+            # Declare what the install uses: the requested cache root, else (for a
+            # legacy or registered root) the registry's entry, else the root itself.
+            cache = resolve_cache_root(root, requested, request.cluster)
+            write_layout(root, None if cache == root else cache)
             result.created.append("layout.json")
         else:
             result.kept.append("layout.json")
-            declared = layout_data.get("cache_root")
-            if request.cache_root and str(request.cache_root) != str(declared):
+            declared = resolve_cache_root(root)
+            if requested and requested != declared:
                 result.notes.append(
-                    f"the cache root stays {declared or root} (declared in layout.json); "
+                    f"the cache root stays {declared} (declared in layout.json); "
                     "to move it, edit layout.json and move cache/ and home/ (see docs)"
                 )
-        declared = read_layout(root).get("cache_root")
-        layout = InstallLayout(root, Path(declared) if declared else root)
+        layout = InstallLayout(root, resolve_cache_root(root))
         result.cache_root = layout.cache_root
         for directory in (
             layout.environments_dir,

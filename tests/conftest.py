@@ -1,0 +1,135 @@
+"""Session-wide test setup: an isolated user config, shared uv caches, built roots.
+
+Real uv builds are the expensive part of the suite, so each env is built once per
+session (session-scoped fixtures) and every test root shares one uv cache.
+Builds never resolve an unpinned torch: when the machine's CPU torch wheel is on
+disk, every build gets its find-links directory and a constraint pinning that
+exact local version (find-links alone loses to PyPI's newer CUDA build).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+ENVIRONMENTS = REPO / "environments"
+TEST_ENVS = Path(__file__).resolve().parent / "envs"
+LOCAL_WHEELS = Path(os.environ.get("ROOTSTOCK_TEST_WHEELS", "/opt/wheels"))
+ROOTSTOCK = [sys.executable, "-m", "rootstock.cli.main"]
+
+
+def local_torch_wheel() -> Path | None:
+    """The machine's CPU torch wheel for this Python, if one lies on disk."""
+    tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    wheels = sorted(LOCAL_WHEELS.glob(f"torch-*-{tag}-*.whl"))
+    return wheels[-1] if wheels else None
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("session")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_user(session_dir: Path):
+    """No test reads or writes the real user's config or registry."""
+    saved = {
+        k: os.environ.get(k)
+        for k in ("ROOTSTOCK_CONFIG", "ROOTSTOCK_ROOT", "ROOTSTOCK_CLUSTERS_FILE", "UV_CONSTRAINT")
+    }
+    os.environ["ROOTSTOCK_CONFIG"] = str(session_dir / "config.toml")
+    for key in ("ROOTSTOCK_ROOT", "ROOTSTOCK_CLUSTERS_FILE"):
+        os.environ.pop(key, None)
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def torch_pin(session_dir: Path) -> dict[str, str]:
+    """Environment variables that make uv take the local CPU torch wheel.
+
+    Empty when no wheel is on disk: then PyPI's torch is the fallback.
+    """
+    wheel = local_torch_wheel()
+    if wheel is None:
+        return {}
+    version = wheel.name.split("-")[1]
+    constraint = session_dir / "torch-constraint.txt"
+    constraint.write_text(f"torch=={version}\n")
+    return {"UV_FIND_LINKS": str(wheel.parent), "UV_CONSTRAINT": str(constraint)}
+
+
+@pytest.fixture(scope="session")
+def shared_uv_cache(session_dir: Path) -> Path:
+    cache = session_dir / "uv-cache"
+    cache.mkdir(exist_ok=True)
+    return cache
+
+
+def make_root(path: Path, uv_cache: Path, cluster: str = "testbox") -> Path:
+    """An initialised install root whose uv cache is the session's shared one."""
+    env = {**os.environ}
+    subprocess.run(
+        [*ROOTSTOCK, "init", "--root", str(path), "--cluster", cluster, "--yes"],
+        check=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+    )
+    link = path / ".uv-cache"
+    if not link.exists():
+        link.symlink_to(uv_cache)
+    return path
+
+
+def run_rootstock(
+    *args: str, env: dict | None = None, timeout: float = 900, check: bool = True
+) -> subprocess.CompletedProcess:
+    """Run the CLI as a user would, in a subprocess with a deadline."""
+    proc = subprocess.run(
+        [*ROOTSTOCK, *map(str, args)],
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"rootstock {' '.join(map(str, args))} failed ({proc.returncode}):\n"
+            f"{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def emt_root(session_dir: Path, shared_uv_cache: Path, torch_pin) -> Path:
+    """A root with the sample EMT env built by real uv; shared, never modified by tests."""
+    root = make_root(session_dir / "emt-root", shared_uv_cache)
+    run_rootstock("install", ENVIRONMENTS / "emt.py", "--root", root)
+    return root
+
+
+@pytest.fixture
+def scratch_root(tmp_path: Path, shared_uv_cache: Path) -> Path:
+    """A fresh initialised root for a test that modifies it."""
+    return make_root(tmp_path / "root", shared_uv_cache)
+
+
+def copy_env(src: Path, dst_dir: Path, name: str | None = None) -> Path:
+    """Copy an env file (optionally renaming the env) into ``dst_dir``."""
+    dst_dir.mkdir(parents=True, exist_ok=True)
+    dst = dst_dir / (f"{name}.py" if name else src.name)
+    shutil.copyfile(src, dst)
+    return dst
