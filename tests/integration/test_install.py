@@ -16,8 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from tests.conftest import ENVIRONMENTS, ROOTSTOCK, copy_env, run_rootstock
+from tests.conftest import ENVIRONMENTS, ROOTSTOCK, run_rootstock
 
 pytestmark = pytest.mark.timeout(900)
 
