@@ -1,0 +1,441 @@
+"""i-PI framing over a stream socket, plus rootstock's small dialect on top of it.
+
+Every message starts with a 12-byte header: an ASCII word padded with spaces
+(``STATUS``, ``READY``, ``HAVEDATA``, ``NEEDINIT``, ``INIT``, ``POSDATA``,
+``GETFORCE``, ``FORCEREADY``, ``EXIT``). Numbers travel as native-endian
+``int32`` and ``float64``; lengths are bohr and energies hartree, as in i-PI.
+
+Bodies (``h`` is the cell with the lattice vectors as *columns*, i.e. the
+transpose of an ASE cell, written in C order):
+
+* ``INIT``: int32 bead index, int32 length, that many bytes.
+* ``POSDATA``: 9 float64 ``h``, 9 float64 ``h^-1``, int32 natoms, 3*natoms float64.
+* ``FORCEREADY``: float64 energy, int32 natoms, 3*natoms float64 forces,
+  9 float64 virial (transposed, as ASE writes it), int32 length, extra bytes.
+
+Rootstock's dialect (see docs/protocol.md) adds two things and changes no frame:
+
+* the ``INIT`` bytes are a JSON object ``{"rootstock": 1, "numbers": [...],
+  "pbc": [...], "info": {...}, "stress": bool, ...}`` describing the system, sent
+  only when it changes and always in the same write as the next ``POSDATA``;
+* the worker may answer ``GETFORCE`` with ``ERROR`` (int32 length + a JSON object
+  with ``type``, ``message``, ``traceback`` and ``phase``) instead of
+  ``FORCEREADY``. Standard i-PI servers never see ``ERROR``.
+
+This module needs only the standard library and numpy: the worker imports it
+inside every model env.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rootstock.errors import ProtocolError
+
+log = logging.getLogger("rootstock.wire")
+
+HEADER_LEN = 12
+DIALECT_VERSION = 1
+# ase.units.Bohr and ase.units.Hartree (CODATA 2014), so that a round trip through
+# ASE's own SocketIOCalculator reproduces our numbers bit for bit.
+BOHR = 0.5291772105638411  # angstrom per bohr
+HARTREE = 27.211386024367243  # eV per hartree
+
+# Caps that keep a corrupt length field from turning into a huge allocation or a
+# wait for bytes that will never come.
+MAX_ATOMS = 1 << 24
+MAX_PAYLOAD = 1 << 26
+
+
+def _header(word: str) -> bytes:
+    return word.encode("ascii").ljust(HEADER_LEN)
+
+
+STATUS = _header("STATUS")
+READY = _header("READY")
+HAVEDATA = _header("HAVEDATA")
+NEEDINIT = _header("NEEDINIT")
+INIT = _header("INIT")
+POSDATA = _header("POSDATA")
+GETFORCE = _header("GETFORCE")
+FORCEREADY = _header("FORCEREADY")
+EXIT = _header("EXIT")
+ERROR = _header("ERROR")
+
+_WORDS = {
+    h: h.rstrip().decode("ascii")
+    for h in (STATUS, READY, HAVEDATA, NEEDINIT, INIT, POSDATA, GETFORCE, FORCEREADY, EXIT, ERROR)
+}
+_INT32 = struct.Struct("=i")
+_F64_INT32 = struct.Struct("=di")
+_INIT_HEAD = struct.Struct("=ii")
+_SCALE_FORCE = BOHR / HARTREE
+
+
+class PeerClosed(ProtocolError):
+    """The other end closed the connection (or reset it)."""
+
+
+class FrameTimeout(ProtocolError):
+    """No complete frame arrived before the deadline."""
+
+
+@dataclass(frozen=True)
+class Init:
+    """An ``INIT`` message: bead index and the raw initialisation bytes."""
+
+    bead: int
+    payload: bytes
+
+    def dialect_config(self) -> dict[str, Any] | None:
+        """The rootstock JSON config, or None for a standard i-PI init string."""
+        if not self.payload.startswith(b"{"):
+            return None
+        config = _loads(self.payload, "INIT")
+        if not isinstance(config, dict) or "rootstock" not in config:
+            return None
+        return config
+
+
+@dataclass(frozen=True)
+class PosData:
+    """A ``POSDATA`` message, converted to an ASE cell (rows) and positions in Å."""
+
+    cell: np.ndarray
+    positions: np.ndarray
+
+
+@dataclass(frozen=True)
+class ForceReply:
+    """A ``FORCEREADY`` reply in eV, eV/Å and eV; ``extra`` is the raw extra string."""
+
+    energy: float
+    forces: np.ndarray
+    virial: np.ndarray
+    extra: bytes = b""
+
+    def extra_json(self) -> dict[str, Any]:
+        """The extra string as a JSON object, or {} when it is empty or not JSON."""
+        if not self.extra.startswith(b"{"):
+            return {}
+        try:
+            value = _loads(self.extra, "FORCEREADY extra")
+        except ProtocolError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    """An ``ERROR`` reply (rootstock dialect): the model raised inside the worker."""
+
+    type: str
+    message: str
+    traceback: str
+    phase: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _loads(data: bytes, what: str) -> Any:
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"{what} payload is not valid UTF-8 JSON: {exc}") from None
+
+
+# --- encoders -------------------------------------------------------------------------
+
+
+def encode_init(config: dict[str, Any] | bytes, bead: int = 0) -> bytes:
+    """An ``INIT`` frame; a dict is sent as rootstock's JSON config."""
+    if isinstance(config, dict):
+        payload = json.dumps({"rootstock": DIALECT_VERSION, **config}).encode("utf-8")
+    else:
+        payload = bytes(config)
+    return b"".join((INIT, _INIT_HEAD.pack(bead, len(payload)), payload))
+
+
+def posdata_parts(cell: np.ndarray, positions: np.ndarray) -> tuple[Any, ...]:
+    """The buffers of a ``POSDATA`` frame, for joining with other frames in one write."""
+    h = np.asarray(cell, dtype=np.float64).T / BOHR
+    try:
+        ih = np.linalg.inv(h)
+    except np.linalg.LinAlgError:
+        # Non-periodic or slab cells have no inverse; readers that need one (i-PI
+        # drivers) only run with full cells, and the rootstock worker ignores it.
+        ih = np.zeros((3, 3))
+    pos = np.ascontiguousarray(np.asarray(positions, dtype=np.float64) / BOHR)
+    return (POSDATA, np.ascontiguousarray(h), np.ascontiguousarray(ih), _INT32.pack(len(pos)), pos)
+
+
+def encode_posdata(cell: np.ndarray, positions: np.ndarray) -> bytes:
+    """A ``POSDATA`` frame from an ASE cell (vectors as rows) and positions in Å."""
+    # bytes.join takes buffer objects, so the arrays are copied exactly once.
+    return b"".join(posdata_parts(cell, positions))
+
+
+def encode_forceready(
+    energy: float, forces: np.ndarray, virial: np.ndarray, extra: bytes = b""
+) -> bytes:
+    """A ``FORCEREADY`` frame from eV, eV/Å and an eV virial (3x3)."""
+    f = np.asarray(forces, dtype=np.float64) * _SCALE_FORCE
+    v = np.ascontiguousarray(np.asarray(virial, dtype=np.float64).T / HARTREE)
+    return b"".join(
+        (
+            FORCEREADY,
+            _F64_INT32.pack(float(energy) / HARTREE, len(f)),
+            np.ascontiguousarray(f),
+            v,
+            _INT32.pack(len(extra)),
+            extra,
+        )
+    )
+
+
+def encode_error(type_: str, message: str, traceback: str, phase: str, **details: Any) -> bytes:
+    """An ``ERROR`` frame (rootstock dialect only)."""
+    payload = json.dumps(
+        {"type": type_, "message": message, "traceback": traceback, "phase": phase, **details}
+    ).encode("utf-8")
+    return b"".join((ERROR, _INT32.pack(len(payload)), payload))
+
+
+# --- the buffered stream --------------------------------------------------------------
+
+
+class FrameStream:
+    """Exact-length reads and whole-frame writes over a connected socket.
+
+    Reads go through one growing buffer, so a frame that is already in the socket
+    usually costs a single ``recv``. Every wait is cut into slices of ``slice_s``
+    seconds; between slices the deadline is checked and ``on_wait`` (a liveness
+    check of the peer process) is called, which may raise.
+    """
+
+    def __init__(self, sock: socket.socket, *, peer: str = "peer", slice_s: float = 0.5) -> None:
+        self.sock = sock
+        self.peer = peer
+        self.slice_s = slice_s
+        self._buf = np.empty(1 << 16, dtype=np.uint8)
+        self._start = 0
+        self._end = 0
+        self._timeout: float | None = None
+        self._deadline: float | None = None
+        self._on_wait: Callable[[], None] | None = None
+        sock.settimeout(slice_s)
+
+    def set_deadline(
+        self, timeout: float | None, on_wait: Callable[[], None] | None = None
+    ) -> None:
+        """Bound the next reads and writes by ``timeout`` seconds from now (None: no bound)."""
+        self._timeout = timeout
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._on_wait = on_wait
+
+    def close(self) -> None:
+        """Close the socket; safe to call twice."""
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+    # reads ----------------------------------------------------------------------------
+
+    def _waited(self) -> None:
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            raise FrameTimeout(f"no complete frame from the {self.peer} within {self._timeout:g} s")
+        if self._on_wait is not None:
+            self._on_wait()
+
+    def _fill(self, n: int) -> None:
+        """Buffer at least ``n`` unread bytes, reading as much as the socket has."""
+        if self._start == self._end:
+            self._start = self._end = 0
+        if len(self._buf) - self._start < n:
+            avail = self._end - self._start
+            if len(self._buf) < n:
+                # Callers validate n against MAX_* first; np.empty only reserves pages.
+                grown = np.empty(max(n, 2 * len(self._buf)), dtype=np.uint8)
+                grown[:avail] = self._buf[self._start : self._end]
+                self._buf = grown
+            else:
+                self._buf[:avail] = self._buf[self._start : self._end]
+            self._start, self._end = 0, avail
+        while self._end - self._start < n:
+            try:
+                got = self.sock.recv_into(self._buf[self._end :])
+            except TimeoutError:
+                self._waited()
+                continue
+            except ConnectionError as exc:
+                raise PeerClosed(f"the {self.peer} closed the connection ({exc})") from None
+            except OSError as exc:
+                raise ProtocolError(f"reading from the {self.peer} failed: {exc}") from None
+            if got == 0:
+                raise PeerClosed(f"the {self.peer} closed the connection")
+            self._end += got
+
+    def _take(self, n: int) -> int:
+        """Consume ``n`` bytes and return their offset in the buffer."""
+        if self._end - self._start < n:
+            self._fill(n)
+        offset = self._start
+        self._start += n
+        return offset
+
+    def read_bytes(self, n: int) -> bytes:
+        """Exactly ``n`` bytes."""
+        offset = self._take(n)
+        return self._buf[offset : offset + n].tobytes()
+
+    def read_int32(self) -> int:
+        return _INT32.unpack_from(self._buf, self._take(4))[0]
+
+    def read_struct(self, layout: struct.Struct) -> tuple[Any, ...]:
+        """One fixed-size record, unpacked."""
+        return layout.unpack_from(self._buf, self._take(layout.size))
+
+    def read_float64s(self, count: int) -> np.ndarray:
+        """``count`` float64 values as a fresh array (never a view of the buffer)."""
+        offset = self._take(8 * count)
+        return np.frombuffer(self._buf, dtype=np.float64, count=count, offset=offset).copy()
+
+    def read_header(self) -> str:
+        """The next header word; unknown or non-ASCII headers raise ProtocolError."""
+        offset = self._take(HEADER_LEN)
+        raw = self._buf[offset : offset + HEADER_LEN].tobytes()
+        word = _WORDS.get(raw)
+        if word is None:
+            raise ProtocolError(f"unknown header {raw!r} from the {self.peer}")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("recv %s from %s", word, self.peer)
+        return word
+
+    # writes ---------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        """Write one whole message with ``sendall``, within the current deadline."""
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "send %s (%d bytes) to %s", bytes(data[:HEADER_LEN]).rstrip(), len(data), self.peer
+            )
+        remaining = None
+        if self._deadline is not None:
+            remaining = max(self._deadline - time.monotonic(), 0.001)
+        # sendall under a slice timeout could stop half-way with no way to resume,
+        # so writes get the whole remaining budget instead.
+        self.sock.settimeout(remaining)
+        try:
+            self.sock.sendall(data)
+        except TimeoutError:
+            raise FrameTimeout(f"the {self.peer} did not read within {self._timeout:g} s") from None
+        except ConnectionError as exc:
+            raise PeerClosed(f"the {self.peer} closed the connection ({exc})") from None
+        except OSError as exc:
+            raise ProtocolError(f"writing to the {self.peer} failed: {exc}") from None
+        finally:
+            with contextlib.suppress(OSError):
+                self.sock.settimeout(self.slice_s)
+
+
+# --- message readers ------------------------------------------------------------------
+
+
+def _read_natoms(stream: FrameStream, what: str) -> int:
+    natoms = stream.read_int32()
+    if natoms < 1 or natoms > MAX_ATOMS:
+        raise ProtocolError(f"{what} declares {natoms} atoms (allowed: 1..{MAX_ATOMS})")
+    return natoms
+
+
+def _read_length(stream: FrameStream, what: str) -> int:
+    length = stream.read_int32()
+    if length < 0 or length > MAX_PAYLOAD:
+        raise ProtocolError(f"{what} declares {length} bytes (allowed: 0..{MAX_PAYLOAD})")
+    return length
+
+
+def read_posdata_body(stream: FrameStream) -> PosData:
+    """The body of a ``POSDATA`` frame (after its header)."""
+    h = stream.read_float64s(9).reshape(3, 3)
+    stream.read_float64s(9)  # h^-1: the worker derives what it needs from h
+    natoms = _read_natoms(stream, "POSDATA")
+    positions = stream.read_float64s(3 * natoms).reshape(natoms, 3)
+    return PosData(cell=h.T * BOHR, positions=positions * BOHR)
+
+
+def read_init_body(stream: FrameStream) -> Init:
+    """The body of an ``INIT`` frame (after its header)."""
+    bead = stream.read_int32()
+    length = _read_length(stream, "INIT")
+    return Init(bead=bead, payload=stream.read_bytes(length))
+
+
+def read_message(stream: FrameStream, body_timeout: float | None = None) -> str | Init | PosData:
+    """The next server-to-worker message: a word (STATUS, GETFORCE, EXIT), Init or PosData.
+
+    The header may take as long as the server likes (an idle worker waits); once it
+    has arrived, the body must follow within ``body_timeout`` seconds. Replies
+    (READY, FORCEREADY, ...) arriving at the worker are protocol errors.
+    """
+    word = stream.read_header()
+    if body_timeout is not None:
+        stream.set_deadline(body_timeout)
+    if word == "POSDATA":
+        return read_posdata_body(stream)
+    if word == "INIT":
+        return read_init_body(stream)
+    if word in ("STATUS", "GETFORCE", "EXIT"):
+        return word
+    raise ProtocolError(f"the {stream.peer} sent {word}, which only a worker may send")
+
+
+def read_forceready_body(stream: FrameStream, natoms: int | None = None) -> ForceReply:
+    """The body of a ``FORCEREADY`` frame; ``natoms`` is the count the reply must have."""
+    energy, count = stream.read_struct(_F64_INT32)
+    if count < 0 or count > MAX_ATOMS:
+        raise ProtocolError(f"FORCEREADY declares {count} atoms")
+    if natoms is not None and count != natoms:
+        raise ProtocolError(f"FORCEREADY carries {count} atoms but {natoms} were sent")
+    forces = stream.read_float64s(3 * count).reshape(count, 3)
+    virial = stream.read_float64s(9).reshape(3, 3).T
+    extra = stream.read_bytes(_read_length(stream, "FORCEREADY extra"))
+    return ForceReply(
+        energy=energy * HARTREE,
+        forces=forces * (HARTREE / BOHR),
+        virial=virial * HARTREE,
+        extra=extra,
+    )
+
+
+def read_error_body(stream: FrameStream) -> ErrorReply:
+    """The body of an ``ERROR`` frame (rootstock dialect)."""
+    data = _loads(stream.read_bytes(_read_length(stream, "ERROR")), "ERROR")
+    if not isinstance(data, dict):
+        raise ProtocolError("ERROR payload is not a JSON object")
+    known = {"type", "message", "traceback", "phase"}
+    return ErrorReply(
+        type=str(data.get("type", "Exception")),
+        message=str(data.get("message", "")),
+        traceback=str(data.get("traceback", "")),
+        phase=str(data.get("phase", "calculate")),
+        details={k: v for k, v in data.items() if k not in known},
+    )
+
+
+def read_reply(stream: FrameStream, natoms: int | None = None) -> ForceReply | ErrorReply:
+    """The worker's answer to ``GETFORCE``: FORCEREADY or (dialect) ERROR."""
+    word = stream.read_header()
+    if word == "FORCEREADY":
+        return read_forceready_body(stream, natoms)
+    if word == "ERROR":
+        return read_error_body(stream)
+    raise ProtocolError(f"expected FORCEREADY or ERROR from the {stream.peer}, got {word}")
