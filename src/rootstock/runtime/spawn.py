@@ -1,0 +1,410 @@
+"""The one place a worker process is started.
+
+:func:`spawn_worker` runs ``python -m rootstock.worker`` with the env's own
+interpreter and an environment built by :func:`worker_environment`:
+
+* ``PYTHONPATH`` and friends are scrubbed and the user site is off, so nothing from
+  the caller's Python leaks into the model env;
+* ``HOME``, ``XDG_CACHE_HOME`` and ``HF_HOME`` point into the cache root, where
+  maintainers pre-fetched the weights;
+* per-user compiler caches (Triton, TorchInductor, CUDA, ...) point to a private
+  directory *outside* the shared root, which ordinary users cannot write;
+* the Hugging Face token is found as the seed document describes and exported;
+* ``HF_HUB_OFFLINE=1`` unless the caller asks for a download phase.
+
+The worker's output goes to a file, never to a pipe, so a chatty model cannot
+fill a 64 KB pipe buffer and deadlock; its tail is kept for error messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rootstock.errors import EnvNotFound
+
+if TYPE_CHECKING:
+    from rootstock.install.layout import InstallLayout
+
+log = logging.getLogger("rootstock.runtime")
+
+WORKER_MODULE = "rootstock.worker"
+WORKER_LOG_ENV = "ROOTSTOCK_WORKER_LOG"
+LOG_FILE_NAME = "worker.log"
+
+# Variables that would make the worker load code or settings from the caller's
+# Python. PYTHONPYCACHEPREFIX is here because a caller's prefix would make the
+# worker ignore the env's pre-compiled bytecode and recompile on every spawn.
+SCRUBBED_VARS = (
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "PYTHONSTARTUP",
+    "PYTHONUSERBASE",
+    "PYTHONPYCACHEPREFIX",
+    "PYTHONEXECUTABLE",
+    "PYTHONINSPECT",
+    "__PYVENV_LAUNCHER__",
+)
+
+# Compiler and kernel caches: per user, outside the shared root (users cannot
+# write there, and sharing JIT output between users is unsafe). A value the user
+# already set is kept.
+COMPILER_CACHE_VARS = {
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "CUDA_CACHE_PATH": "nv-compute-cache",
+    "PYTORCH_KERNEL_CACHE_PATH": "torch-kernels",
+    "TORCH_EXTENSIONS_DIR": "torch-extensions",
+    "NUMBA_CACHE_DIR": "numba",
+    "CUPY_CACHE_DIR": "cupy",
+    "JAX_COMPILATION_CACHE_DIR": "jax",
+    "SYCL_CACHE_DIR": "sycl",
+    "MPLCONFIGDIR": "matplotlib",
+}
+
+HF_TOKEN_FILES = ("~/.hf_token", "~/.cache/huggingface/token")
+
+
+def real_home(environ: dict[str, str] | None = None) -> Path:
+    """The calling user's own home (before any redirection)."""
+    environ = os.environ if environ is None else environ
+    home = environ.get("HOME")
+    if home:
+        return Path(home)
+    return Path(pwd.getpwuid(os.getuid()).pw_dir)
+
+
+def find_hf_token(environ: dict[str, str], home: Path) -> tuple[str | None, str | None]:
+    """The Hugging Face token and where it came from, or (None, None).
+
+    ``HF_TOKEN`` wins; otherwise the first readable, non-empty file of
+    ``$HF_TOKEN_FILE``, ``~/.hf_token`` and ``~/.cache/huggingface/token`` (in the
+    user's real home), with surrounding whitespace stripped.
+    """
+    token = environ.get("HF_TOKEN", "").strip()
+    if token:
+        return token, "HF_TOKEN"
+    candidates = []
+    if environ.get("HF_TOKEN_FILE"):
+        candidates.append(Path(environ["HF_TOKEN_FILE"]).expanduser())
+    candidates += [home / name.removeprefix("~/") for name in HF_TOKEN_FILES]
+    for path in candidates:
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if token:
+            return token, str(path)
+    return None, None
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    real = os.path.realpath(path)
+    for root in roots:
+        top = os.path.realpath(root)
+        if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
+            return True
+    return False
+
+
+def _owned_private_dir(path: Path) -> bool:
+    """True if ``path`` is a real directory owned by us that others cannot write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def compiler_cache_dir(environ: dict[str, str], layout: InstallLayout) -> Path:
+    """The per-user directory for compiler caches, never inside the install or cache root.
+
+    ``$XDG_CACHE_HOME/rootstock`` (or ``~/.cache/rootstock``) of the real user,
+    else ``/tmp/rootstock-<uid>`` if we own it, else a fresh private temp dir.
+    """
+    shared = [layout.root, layout.cache_root]
+    xdg = environ.get("XDG_CACHE_HOME") or str(real_home(environ) / ".cache")
+    preferred = Path(xdg) / "rootstock"
+    if not _inside(preferred, shared):
+        try:
+            preferred.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if os.access(preferred, os.W_OK | os.X_OK):
+                return preferred
+        except OSError:
+            pass
+    fallback = Path(f"/tmp/rootstock-{os.getuid()}")
+    with contextlib.suppress(FileExistsError, OSError):
+        fallback.mkdir(mode=0o700)
+    if _owned_private_dir(fallback):
+        return fallback
+    return Path(tempfile.mkdtemp(prefix="rootstock-cc-"))
+
+
+def worker_environment(
+    layout: InstallLayout,
+    env_name: str,
+    *,
+    offline: bool = True,
+    base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The complete environment a worker of ``env_name`` runs with."""
+    env = dict(os.environ if base is None else base)
+    home = real_home(env)
+    compile_cache = compiler_cache_dir(env, layout)
+    token, _source = find_hf_token(env, home)
+    for var in SCRUBBED_VARS:
+        env.pop(var, None)
+    env_dir = layout.env_dir(env_name)
+    env["VIRTUAL_ENV"] = str(env_dir)
+    env["PATH"] = os.pathsep.join(p for p in (str(env_dir / "bin"), env.get("PATH")) if p)
+    env["PYTHONNOUSERSITE"] = "1"
+    env["HOME"] = str(layout.home_dir)
+    env["XDG_CACHE_HOME"] = str(layout.cache_dir)
+    env["HF_HOME"] = str(layout.cache_dir / "huggingface")
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    if token:
+        env["HF_TOKEN"] = token
+        env["HUGGING_FACE_HUB_TOKEN"] = token
+    for var, sub in COMPILER_CACHE_VARS.items():
+        if not env.get(var):
+            env[var] = str(compile_cache / sub)
+    return env
+
+
+class WorkerProcess:
+    """A started worker: its process group, where its output went, and its tail."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen,
+        output: str,
+        log_path: Path | None,
+        log_offset: int = 0,
+        owned_dir: Path | None = None,
+    ) -> None:
+        self.popen = popen
+        self.output = output
+        self.log_path = log_path
+        self.log_offset = log_offset
+        self._owned_dir = owned_dir
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def has_exited(self) -> bool:
+        """True once the worker exited; does not reap it, so its group stays addressable."""
+        if self.popen.returncode is not None:
+            return True
+        try:
+            info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return self.popen.poll() is not None
+        return info is not None
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the worker to exit (without reaping it)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.001
+        while not self.has_exited():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        return True
+
+    def stop(self, grace: float = 3.0) -> int | None:
+        """Let the worker exit within ``grace`` s, then kill its whole process group.
+
+        The group is signalled before the leader is reaped, so its id cannot have
+        been reused by then. Returns the exit code (negative: killed by a signal).
+        """
+        if self.popen.returncode is None:
+            exited = grace > 0 and self.wait_exit(grace)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                # Also reaps grandchildren the model may have started (compile workers).
+                os.killpg(self.pid, signal.SIGKILL)
+            if not exited:
+                log.debug("worker %d did not exit within %.1f s; killed", self.pid, grace)
+            self.popen.wait()
+        return self.popen.returncode
+
+    def output_tail(self, max_bytes: int = 8192, max_lines: int = 60) -> str:
+        """The last lines the worker wrote in this run, or a note on where they went."""
+        if self.log_path is None:
+            return f"(worker output went to {self.output})"
+        try:
+            with open(self.log_path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                start = max(self.log_offset, size - max_bytes)
+                fh.seek(start)
+                data = fh.read()
+        except OSError as exc:
+            return f"(could not read the worker output at {self.log_path}: {exc})"
+        lines = data.decode("utf-8", "replace").splitlines()
+        if start > self.log_offset and lines:
+            lines = lines[1:]  # the first line was cut in half
+        return "\n".join(lines[-max_lines:])
+
+    def cleanup(self) -> None:
+        """Remove a private output directory this process owns."""
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+
+
+def _open_output(
+    target: str, run_dir: Path | None
+) -> tuple[Any, Any, Path | None, int, Path | None]:
+    """stdout, stderr, log path, start offset and an owned dir for an output target."""
+    if target == "stderr":
+        return 2, 2, None, 0, None
+    if target == "stdout":
+        return 1, subprocess.STDOUT, None, 0, None
+    owned = None
+    if target == "capture":
+        if run_dir is None:
+            from rootstock.runtime.server import make_private_dir
+
+            run_dir = owned = make_private_dir("rootstock-log-")
+        path = run_dir / LOG_FILE_NAME
+    else:
+        path = Path(target).expanduser()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    offset = os.fstat(fd).st_size
+    return fd, subprocess.STDOUT, path, offset, owned
+
+
+def worker_command(
+    python: Path,
+    *,
+    env_source: Path,
+    checkpoint: str,
+    socket_path: Path | str,
+    mode: str,
+    device: str,
+    setup_kwargs: dict[str, Any] | None = None,
+    weights: Path | None = None,
+    structure: Path | None = None,
+    connect_timeout: float | None = None,
+    debug: bool = False,
+) -> list[str]:
+    """The worker's argv. ``-I`` keeps the caller's cwd and PYTHON* settings out."""
+    argv = [
+        str(python),
+        "-I",
+        "-u",
+        "-X",
+        "faulthandler",
+        "-m",
+        WORKER_MODULE,
+        "--env-source",
+        str(env_source),
+        "--checkpoint",
+        checkpoint,
+        "--socket",
+        str(socket_path),
+        "--mode",
+        mode,
+        "--device",
+        device,
+        "--kwargs",
+        json.dumps(setup_kwargs or {}),
+    ]
+    if weights is not None:
+        argv += ["--weights", str(weights)]
+    if structure is not None:
+        argv += ["--structure", str(structure)]
+    if connect_timeout is not None:
+        argv += ["--connect-timeout", str(connect_timeout)]
+    if debug:
+        argv.append("--debug")
+    return argv
+
+
+def spawn_worker(
+    layout: InstallLayout,
+    env_name: str,
+    *,
+    checkpoint: str,
+    socket_path: Path | str,
+    mode: str = "calculator",
+    device: str = "cuda",
+    setup_kwargs: dict[str, Any] | None = None,
+    weights: Path | None = None,
+    structure: Path | None = None,
+    offline: bool = True,
+    output: str | None = None,
+    run_dir: Path | None = None,
+    connect_timeout: float | None = None,
+) -> WorkerProcess:
+    """Start ``python -m rootstock.worker`` for ``env_name`` in its own process group.
+
+    ``mode`` is ``calculator`` (rootstock dialect, errors come back in-band) or
+    ``serve`` (standard i-PI client for an external driver). ``output`` is
+    ``capture`` (default: a 0600 file in ``run_dir``), ``stderr``, ``stdout`` or a
+    file path; ``$ROOTSTOCK_WORKER_LOG`` overrides it. ``offline=False`` lets the
+    model download (the fetch phase of ``add``).
+    """
+    python = layout.env_python(env_name)
+    if not python.exists():
+        raise EnvNotFound(
+            f"env {env_name!r} has no interpreter at {python}",
+            hint=f"rebuild it with `rootstock install {env_name} --force`",
+        )
+    target = os.environ.get(WORKER_LOG_ENV) or output or "capture"
+    argv = worker_command(
+        python,
+        env_source=layout.env_source(env_name),
+        checkpoint=checkpoint,
+        socket_path=socket_path,
+        mode=mode,
+        device=device,
+        setup_kwargs=setup_kwargs,
+        weights=weights,
+        structure=structure,
+        connect_timeout=connect_timeout,
+        debug=logging.getLogger("rootstock.wire").isEnabledFor(logging.DEBUG),
+    )
+    env = worker_environment(layout, env_name, offline=offline)
+    stdout, stderr, log_path, offset, owned = _open_output(target, run_dir)
+    try:
+        popen = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            close_fds=True,
+            # Own group: Ctrl-C in the user's script does not hit the worker mid-frame,
+            # and stop() can kill everything the model started.
+            start_new_session=True,
+        )
+    except OSError as exc:
+        if owned is not None:
+            shutil.rmtree(owned, ignore_errors=True)
+        raise EnvNotFound(
+            f"cannot start the worker for env {env_name!r} with {python}: {exc}",
+            hint=f"check the env, or rebuild it with `rootstock install {env_name} --force`",
+        ) from None
+    finally:
+        if isinstance(stdout, int) and stdout > 2:
+            os.close(stdout)
+    log.debug("spawned worker pid %d: %s (output: %s)", popen.pid, " ".join(argv), target)
+    return WorkerProcess(popen, target, log_path, offset, owned)

@@ -1,0 +1,169 @@
+"""The worker's environment and its private socket directory (no processes)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from rootstock.errors import WorkerTimeout
+from rootstock.install.layout import InstallLayout
+from rootstock.runtime import server, spawn
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> InstallLayout:
+    return InstallLayout(tmp_path / "root", tmp_path / "cache-root")
+
+
+@pytest.fixture
+def user(tmp_path: Path) -> dict[str, str]:
+    home = tmp_path / "home"
+    home.mkdir()
+    return {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": "/somewhere/else",
+        "PYTHONHOME": "/elsewhere",
+        "PYTHONPYCACHEPREFIX": "/tmp/pycache",
+        "XDG_CACHE_HOME": str(tmp_path / "xdg-cache"),
+    }
+
+
+def test_redirects_home_and_caches_into_the_cache_root(layout, user):
+    env = spawn.worker_environment(layout, "emt", base=user)
+    assert env["HOME"] == str(layout.cache_root / "home")
+    assert env["XDG_CACHE_HOME"] == str(layout.cache_root / "cache")
+    assert env["HF_HOME"] == str(layout.cache_root / "cache" / "huggingface")
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["PYTHONNOUSERSITE"] == "1"
+    assert env["VIRTUAL_ENV"] == str(layout.env_dir("emt"))
+    assert env["PATH"].split(os.pathsep)[0] == str(layout.env_dir("emt") / "bin")
+    for var in ("PYTHONPATH", "PYTHONHOME", "PYTHONPYCACHEPREFIX"):
+        assert var not in env
+
+
+def test_download_phase_is_not_forced_offline(layout, user):
+    env = spawn.worker_environment(layout, "emt", offline=False, base=user)
+    assert "HF_HUB_OFFLINE" not in env
+
+
+def test_compiler_caches_are_per_user_and_outside_the_roots(layout, user):
+    env = spawn.worker_environment(layout, "emt", base=user)
+    for var in spawn.COMPILER_CACHE_VARS:
+        path = Path(env[var])
+        assert path.is_relative_to(Path(user["XDG_CACHE_HOME"]) / "rootstock"), var
+        assert not path.is_relative_to(layout.root)
+        assert not path.is_relative_to(layout.cache_root)
+
+
+def test_compiler_cache_inside_the_shared_root_falls_back(layout, user):
+    # A caller whose cache dir already points into the install (e.g. a nested spawn).
+    user["XDG_CACHE_HOME"] = str(layout.cache_root / "cache")
+    chosen = spawn.compiler_cache_dir(user, layout)
+    assert not chosen.is_relative_to(layout.cache_root)
+    assert stat.S_IMODE(chosen.stat().st_mode) & 0o077 == 0
+
+
+def test_user_set_compiler_cache_is_kept(layout, user):
+    user["TRITON_CACHE_DIR"] = "/my/triton"
+    env = spawn.worker_environment(layout, "emt", base=user)
+    assert env["TRITON_CACHE_DIR"] == "/my/triton"
+
+
+def test_hf_token_lookup_order(tmp_path, user):
+    home = Path(user["HOME"])
+    assert spawn.find_hf_token(user, home) == (None, None)
+    (home / ".cache" / "huggingface").mkdir(parents=True)
+    (home / ".cache" / "huggingface" / "token").write_text("hf_cache\n")
+    assert spawn.find_hf_token(user, home)[0] == "hf_cache"
+    (home / ".hf_token").write_text("  hf_dot  \n")
+    assert spawn.find_hf_token(user, home)[0] == "hf_dot"
+    token_file = tmp_path / "token-file"
+    token_file.write_text("hf_file")
+    user["HF_TOKEN_FILE"] = str(token_file)
+    assert spawn.find_hf_token(user, home) == ("hf_file", str(token_file))
+    user["HF_TOKEN"] = "hf_env"
+    assert spawn.find_hf_token(user, home) == ("hf_env", "HF_TOKEN")
+
+
+def test_empty_or_unreadable_token_files_are_skipped(tmp_path, user):
+    home = Path(user["HOME"])
+    user["HF_TOKEN_FILE"] = str(tmp_path / "missing")
+    (home / ".hf_token").write_text("   \n")
+    (home / ".cache" / "huggingface").mkdir(parents=True)
+    (home / ".cache" / "huggingface" / "token").write_text("hf_last")
+    assert spawn.find_hf_token(user, home)[0] == "hf_last"
+
+
+def test_token_is_exported_under_both_names(layout, user):
+    (Path(user["HOME"]) / ".hf_token").write_text("hf_secret\n")
+    env = spawn.worker_environment(layout, "emt", base=user)
+    assert env["HF_TOKEN"] == env["HUGGING_FACE_HUB_TOKEN"] == "hf_secret"
+
+
+def test_worker_command_uses_the_env_python_isolated(tmp_path):
+    argv = spawn.worker_command(
+        tmp_path / "python",
+        env_source=tmp_path / "env_source.py",
+        checkpoint="emt",
+        socket_path="/s",
+        mode="calculator",
+        device="cpu",
+        setup_kwargs={"a": 1},
+    )
+    assert argv[0] == str(tmp_path / "python")
+    assert argv[1:7] == ["-I", "-u", "-X", "faulthandler", "-m", "rootstock.worker"]
+    assert argv[argv.index("--kwargs") + 1] == '{"a": 1}'
+
+
+# --- private socket directory ----------------------------------------------------------
+
+
+def test_private_dir_is_fresh_0700_and_not_directly_in_tmp(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    first, second = server.make_private_dir(), server.make_private_dir()
+    assert first != second
+    assert first.parent == tmp_path
+    assert stat.S_IMODE(first.stat().st_mode) == 0o700
+
+
+def test_long_base_dirs_fall_back_to_a_short_private_dir(monkeypatch, tmp_path):
+    deep = tmp_path / ("x" * 90)
+    deep.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
+    run_dir = server.make_private_dir()
+    try:
+        assert run_dir.parent == Path("/tmp")
+        assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    finally:
+        run_dir.rmdir()
+
+
+def test_listener_accepts_one_connection_and_cleans_up():
+    listener = server.WorkerListener()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    threading.Timer(0.05, client.connect, args=(str(listener.path),)).start()
+    conn = listener.accept(timeout=5)
+    assert not listener.path.exists()  # one worker per listener
+    conn.close()
+    client.close()
+    listener.cleanup()
+    assert not listener.run_dir.exists()
+
+
+def test_accept_checks_liveness_and_times_out():
+    listener = server.WorkerListener()
+    calls = []
+    try:
+        with pytest.raises(WorkerTimeout):
+            listener.accept(timeout=0.3, on_wait=lambda: calls.append(1))
+        assert calls
+    finally:
+        listener.cleanup()
