@@ -193,7 +193,9 @@ def _managed(
     try:
         run_uv(
             layout,
-            ["python", "install", request],
+            # --no-bin: no `python3.X` link in a bin directory ($XDG_BIN_HOME, which passes
+            # through, or the redirected HOME); envs use the interpreter under .python.
+            ["python", "install", "--no-bin", request],
             what="installing a managed Python",
             verbose=verbose,
             timeout=600,
