@@ -74,6 +74,9 @@ def init(
         click.echo(_CACHE_EXPLAINER)
         if click.confirm("Cache on a different filesystem?", default=suggestion is not None):
             cache_root = click.prompt("  Cache root", default=suggestion)
+        else:
+            # "No" declares the root itself, even where the registry has a legacy entry.
+            cache_root = str(root_path)
     if cluster is None and interactive:
         cluster = click.prompt("Cluster name", default=suggest_cluster(root_path))
     secret = Path(api_secret_file).read_text().strip() if api_secret_file else None

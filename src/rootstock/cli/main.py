@@ -80,6 +80,13 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
+    except OSError as exc:
+        # A filesystem refusal (missing parent, permission, full disk) is the user's
+        # to fix, not a bug: say so plainly rather than with a traceback.
+        if debug:
+            raise
+        click.echo(f"error: {exc}\n  hint: rerun with --debug for the traceback", err=True)
+        return 1
     return 0
 
 

@@ -6,6 +6,11 @@ Resolution order (every reader uses these two functions, CLI and calculator alik
   config.toml, then the cluster registry entry for ``--cluster`` / ``cluster=``.
 * cache root: an explicit override, then ``cache_root`` in ``{root}/layout.json``,
   then the registry's legacy ``cache_root`` for the root, then the root itself.
+
+A ``layout.json`` always declares the cache root: ``"cache_root": null`` declares
+the root itself. The registry's legacy entry applies only to an install with no
+``layout.json`` at all, so a registry shipped by a later client release can never
+re-point an install that has declared its own cache root.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 from rootstock.errors import LayoutError, RootNotFound
 from rootstock.install.atomic import atomic_write_json
-from rootstock.install.clusters import clusters_for_root, get_cluster
+from rootstock.install.clusters import clusters_for_root, get_cluster, load_registry
 from rootstock.install.config import config_path, load_config
 
 LAYOUT_VERSION = 1
@@ -160,8 +165,9 @@ def resolve_cache_root(
     if override:
         return Path(override).expanduser().absolute()
     layout = read_layout(root)
-    if layout and layout.get("cache_root"):
-        return Path(layout["cache_root"])
+    if layout is not None and "cache_root" in layout:
+        declared = layout["cache_root"]
+        return Path(declared) if declared else Path(root)
     legacy = _legacy_cache_root(root, cluster)
     if legacy:
         return legacy
@@ -169,9 +175,12 @@ def resolve_cache_root(
 
 
 def _legacy_cache_root(root: Path, cluster: str | None) -> Path | None:
+    """The registry's legacy ``cache_root`` for ``root``, if any entry has one."""
     if cluster:
-        entry = get_cluster(cluster)
-        if entry.cache_root and os.path.realpath(entry.root) == os.path.realpath(root):
+        # ``cluster`` may name an unregistered machine of a shared install (root= and
+        # cluster= together), so an unknown name is not an error here.
+        entry = load_registry().get(cluster.lower())
+        if entry and entry.cache_root and os.path.realpath(entry.root) == os.path.realpath(root):
             return entry.cache_root
     for entry in clusters_for_root(root):
         if entry.cache_root:
@@ -213,7 +222,7 @@ def explain_resolution(
     layout = read_layout(resolved) if resolved.is_dir() else None
     if cache_root:
         cache_source = "--cache-root"
-    elif layout and layout.get("cache_root"):
+    elif layout is not None and "cache_root" in layout:
         cache_source = "layout.json"
     elif _legacy_cache_root(resolved, cluster):
         cache_source = "cluster registry (legacy cache_root)"
