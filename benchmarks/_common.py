@@ -1,0 +1,40 @@
+"""Shared helpers for the benchmarks: timing, tables, quick mode.
+
+Benchmarks report ratios measured side by side in one run. They never assert:
+these machines are too noisy for a timing to fail a build.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+
+
+def timed(func: Callable[[], object]) -> float:
+    """Wall time of one call, in seconds."""
+    start = time.perf_counter()
+    func()
+    return time.perf_counter() - start
+
+
+def run(cmd: Sequence[str], env: dict | None = None, timeout: float = 900) -> None:
+    """Run a command, raising with its output if it fails."""
+    proc = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def print_table(title: str, rows: list[tuple[str, str, str, str]]) -> None:
+    """Rows of (what, measured, target, verdict)."""
+    header = ("metric", "measured", "target", "meets")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
+    print(f"\n{title}")
+    for row in [header, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
