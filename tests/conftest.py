@@ -133,3 +133,18 @@ def copy_env(src: Path, dst_dir: Path, name: str | None = None) -> Path:
     dst = dst_dir / (f"{name}.py" if name else src.name)
     shutil.copyfile(src, dst)
     return dst
+
+
+@pytest.fixture(scope="session")
+def mlip_root(session_dir: Path, shared_uv_cache: Path, torch_pin) -> Path:
+    """A root with the CHGNet and SevenNet sample envs, built once per session.
+
+    torch comes from the machine's CPU wheel (find-links plus an exact pin); where
+    that file is absent the build falls back to PyPI's torch.
+    """
+    root = make_root(session_dir / "mlip-root", shared_uv_cache)
+    for name in ("chgnet", "sevennet"):
+        run_rootstock(
+            "install", ENVIRONMENTS / f"{name}.py", "--root", root, env=torch_pin, timeout=1800
+        )
+    return root
