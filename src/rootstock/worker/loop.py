@@ -1,0 +1,152 @@
+"""The worker's side of the conversation: an i-PI client state machine.
+
+The same loop serves rootstock's calculator (which consolidates INIT, POSDATA and
+GETFORCE into one write and understands ``ERROR`` replies) and standard i-PI
+servers such as ASE's ``SocketIOCalculator`` and i-PI itself (which poll STATUS
+and never see ``ERROR``: a model error there is logged and ends the worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+
+from rootstock.errors import ProtocolError
+from rootstock.runtime.protocol import (
+    HAVEDATA,
+    NEEDINIT,
+    READY,
+    FrameStream,
+    Init,
+    PeerClosed,
+    PosData,
+    encode_error,
+    encode_forceready,
+    read_message,
+)
+from rootstock.worker.model import ModelRunner
+
+log = logging.getLogger("rootstock.worker")
+
+EXIT_OK = 0
+EXIT_MODEL_ERROR = 1
+EXIT_PROTOCOL_ERROR = 3
+
+
+@dataclass
+class CapturedError:
+    """An exception from the model, kept until the next GETFORCE can report it."""
+
+    type: str
+    message: str
+    traceback: str
+    phase: str
+
+    @classmethod
+    def current(cls, exc: BaseException, phase: str) -> CapturedError:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(type(exc).__name__, str(exc), text, phase)
+
+    def frame(self) -> bytes:
+        return encode_error(self.type, self.message, self.traceback, self.phase)
+
+
+class ServeLoop:
+    """Answer one server until it says EXIT or closes the connection."""
+
+    def __init__(
+        self,
+        stream: FrameStream,
+        runner: ModelRunner | None,
+        *,
+        inband_errors: bool,
+        setup_error: CapturedError | None = None,
+        body_timeout: float = 120.0,
+    ) -> None:
+        self.stream = stream
+        self.runner = runner
+        self.inband_errors = inband_errors
+        self.setup_error = setup_error
+        self.body_timeout = body_timeout
+        self._result: tuple | None = None
+        self._error: CapturedError | None = None
+        self._have_data = False
+
+    def run(self) -> int:
+        """Serve until EXIT or EOF; return the worker's exit code."""
+        while True:
+            self.stream.set_deadline(None)
+            try:
+                message = read_message(self.stream, self.body_timeout)
+            except PeerClosed:
+                log.debug("the server closed the connection")
+                return EXIT_OK
+            if isinstance(message, PosData):
+                self._on_posdata(message)
+            elif isinstance(message, Init):
+                self._on_init(message)
+            elif message == "STATUS":
+                self.stream.send(self._status())
+            elif message == "GETFORCE":
+                code = self._on_getforce()
+                if code is not None:
+                    return code
+            elif message == "EXIT":
+                log.debug("EXIT received")
+                return EXIT_OK
+
+    def _status(self) -> bytes:
+        if self._have_data:
+            return HAVEDATA
+        # READY even without species: a standard server then sends POSDATA, and the
+        # reply to it explains that --structure is missing (NEEDINIT would loop).
+        if self.setup_error is None and self.runner is not None:
+            return READY
+        return NEEDINIT
+
+    def _on_init(self, init: Init) -> None:
+        config = init.dialect_config()
+        if config is None:
+            if b"batch_size:" in init.payload:
+                raise ProtocolError(
+                    "the server asks for batched evaluation, which rootstock does not "
+                    "support; set batch_size to 1 in the i-PI input"
+                )
+            log.debug("standard INIT (%d bytes) ignored", len(init.payload))
+            return
+        if self.runner is None:
+            return
+        try:
+            self.runner.configure(config)
+        except Exception as exc:
+            self._error = CapturedError.current(exc, "init")
+
+    def _on_posdata(self, pos: PosData) -> None:
+        self._have_data = True
+        self._result = None
+        if self.setup_error is not None or self._error is not None or self.runner is None:
+            return
+        try:
+            self._result = self.runner.compute(pos.cell, pos.positions)
+        except Exception as exc:
+            self._error = CapturedError.current(exc, "calculate")
+
+    def _on_getforce(self) -> int | None:
+        if not self._have_data:
+            raise ProtocolError("GETFORCE arrived before any POSDATA")
+        self._have_data = False
+        error = self.setup_error or self._error
+        self._error = None
+        if error is None and self._result is not None:
+            self.stream.send(encode_forceready(*self._result))
+            return None
+        if error is None:
+            raise ProtocolError("no result to send")
+        if not self.inband_errors:
+            log.error("the model raised during %s:\n%s", error.phase, error.traceback)
+            return EXIT_MODEL_ERROR
+        self.stream.send(error.frame())
+        if error.phase == "setup":
+            return EXIT_MODEL_ERROR
+        return None

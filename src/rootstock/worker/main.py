@@ -1,0 +1,160 @@
+"""``python -m rootstock.worker``: load the model, connect, serve.
+
+Two modes:
+
+* ``calculator`` (spawned by RootstockCalculator): connect first, then run
+  ``setup()``; a failure there is sent back in-band as an ``ERROR`` frame so the
+  user sees the model's traceback as a Python exception.
+* ``serve`` (``rootstock serve`` for an external i-PI server): run ``setup()``
+  first, then connect, retrying until the server is up; a standard server is
+  never kept waiting on a model that is still loading. Errors go to the log.
+
+The worker never binds a socket and knows nothing about the system until the
+server tells it (JSON INIT) or ``--structure`` names a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import sys
+import time
+from typing import Any
+
+from rootstock.errors import ProtocolError
+from rootstock.runtime.protocol import FrameStream
+from rootstock.worker.loop import EXIT_MODEL_ERROR, EXIT_PROTOCOL_ERROR, CapturedError, ServeLoop
+from rootstock.worker.model import ModelRunner, load_env_source, make_calculator
+
+log = logging.getLogger("rootstock.worker")
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m rootstock.worker", description=__doc__)
+    parser.add_argument("--env-source", required=True, help="the env's env_source.py")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint id passed to setup()")
+    parser.add_argument("--socket", required=True, help="Unix socket path to connect to")
+    parser.add_argument("--mode", choices=("calculator", "serve"), default="calculator")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--kwargs", default="{}", help="JSON object of setup() keywords")
+    parser.add_argument("--weights", help="user weights for a <family>:custom checkpoint")
+    parser.add_argument("--structure", help="ASE-readable file with species and PBC")
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=None,
+        help="seconds to keep retrying the connection (0: forever)",
+    )
+    parser.add_argument("--body-timeout", type=float, default=120.0)
+    parser.add_argument("--debug", action="store_true", help="log every frame")
+    return parser.parse_args(argv)
+
+
+def connect(path: str, timeout: float | None) -> socket.socket:
+    """Connect to the server's Unix socket, retrying until it is up or ``timeout`` passes."""
+    deadline = None if not timeout else time.monotonic() + timeout
+    delay = 0.005
+    announced = False
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            log.debug("connected to %s", path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ProtocolError(
+                    f"no server at {path} after {timeout:g} s ({exc.strerror})"
+                ) from None
+            if not announced:
+                log.info("waiting for a server at %s", path)
+                announced = True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+def _build_runner(args: argparse.Namespace, kwargs: dict[str, Any]) -> ModelRunner:
+    module = load_env_source(args.env_source)
+    calc = make_calculator(module, args.checkpoint, args.device, kwargs, args.weights)
+    return ModelRunner(calc)
+
+
+def _read_structure(path: str) -> Any:
+    from ase.io import read
+
+    return read(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the worker; returns its exit code."""
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.INFO,
+        format="rootstock-worker[%(process)d] %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        kwargs = json.loads(args.kwargs)
+    except ValueError as exc:
+        log.error("--kwargs is not JSON: %s", exc)
+        return EXIT_USAGE
+    if not isinstance(kwargs, dict):
+        log.error("--kwargs must be a JSON object")
+        return EXIT_USAGE
+    try:
+        if args.mode == "serve":
+            return _serve(args, kwargs)
+        return _calculator(args, kwargs)
+    except ProtocolError as exc:
+        log.error("%s", exc)
+        return EXIT_PROTOCOL_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _calculator(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+    timeout = 60.0 if args.connect_timeout is None else args.connect_timeout
+    stream = FrameStream(connect(args.socket, timeout), peer="calculator")
+    runner, setup_error = None, None
+    try:
+        runner = _build_runner(args, kwargs)
+    except Exception as exc:
+        setup_error = CapturedError.current(exc, "setup")
+        log.error("setup failed:\n%s", setup_error.traceback)
+    loop = ServeLoop(
+        stream,
+        runner,
+        inband_errors=True,
+        setup_error=setup_error,
+        body_timeout=args.body_timeout,
+    )
+    try:
+        return loop.run()
+    finally:
+        stream.close()
+
+
+def _serve(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+    try:
+        runner = _build_runner(args, kwargs)
+        if args.structure:
+            runner.use_template(_read_structure(args.structure))
+    except Exception:
+        log.exception("setup failed")
+        return EXIT_MODEL_ERROR
+    log.info("model ready (%s on %s)", args.checkpoint, args.device)
+    timeout = 600.0 if args.connect_timeout is None else args.connect_timeout
+    stream = FrameStream(connect(args.socket, timeout), peer="server")
+    loop = ServeLoop(stream, runner, inband_errors=False, body_timeout=args.body_timeout)
+    try:
+        code = loop.run()
+    finally:
+        stream.close()
+    log.info("server finished; worker exits with code %d", code)
+    return code

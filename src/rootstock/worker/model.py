@@ -1,0 +1,161 @@
+"""Loading the env's ``setup()`` and running the model on one structure.
+
+``env_source.py`` is compiled from source at every spawn (never from a cached
+``.pyc``), so an in-place hotfix takes effect at the next spawn even when the
+edit kept the file's size and modification second.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("rootstock.worker")
+
+ENV_MODULE_NAME = "rootstock_env_source"
+ARRAYS_FORWARDED = ("initial_magmoms", "initial_charges")
+
+
+class _FreshSourceLoader(importlib.machinery.SourceFileLoader):
+    """A source loader that neither reads nor writes bytecode for the env file."""
+
+    def get_code(self, fullname: str) -> Any:
+        source = self.get_data(self.path)
+        return self.source_to_code(source, self.path)
+
+
+def load_env_source(path: str | Path) -> ModuleType:
+    """Import ``env_source.py`` by path, afresh."""
+    path = str(Path(path).absolute())
+    loader = _FreshSourceLoader(ENV_MODULE_NAME, path)
+    spec = importlib.util.spec_from_file_location(ENV_MODULE_NAME, path, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot import the env source {path}")
+    module = importlib.util.module_from_spec(spec)
+    # Registered first so that dataclasses and pickling inside the env file work.
+    sys.modules[ENV_MODULE_NAME] = module
+    loader.exec_module(module)
+    return module
+
+
+def make_calculator(
+    module: ModuleType,
+    checkpoint: str,
+    device: str,
+    kwargs: dict[str, Any],
+    weights: str | None = None,
+) -> Any:
+    """Call ``setup()`` (or ``setup_from_path()`` for user weights); return its calculator."""
+    if weights is not None:
+        hook = getattr(module, "setup_from_path", None)
+        if hook is None:
+            raise AttributeError(
+                f"{module.__file__} has no setup_from_path(path, device, **kw), "
+                f"so it cannot load user weights for {checkpoint!r}"
+            )
+        calc = hook(weights, device=device, **kwargs)
+    else:
+        calc = module.setup(checkpoint, device=device, **kwargs)
+    if calc is None or not hasattr(calc, "get_potential_energy"):
+        raise TypeError(f"setup() for {checkpoint!r} returned {calc!r}, not an ASE calculator")
+    return calc
+
+
+class ModelRunner:
+    """Holds the model calculator and the current system (species, PBC, info)."""
+
+    def __init__(self, calc: Any) -> None:
+        self.calc = calc
+        self.atoms: Any = None
+        self.want_stress = False
+        self.lenient_stress = False
+
+    @property
+    def ready(self) -> bool:
+        return self.atoms is not None
+
+    def configure(self, config: dict[str, Any]) -> None:
+        """Apply a rootstock INIT config: a new system, so stale results are dropped."""
+        from ase import Atoms
+
+        self.atoms = None
+        atoms = Atoms(numbers=config["numbers"], pbc=config["pbc"])
+        info = config.get("info") or {}
+        if not isinstance(info, dict):
+            raise TypeError("INIT info must be a JSON object")
+        atoms.info.update(info)
+        for name, values in (config.get("arrays") or {}).items():
+            if name in ARRAYS_FORWARDED:
+                atoms.set_array(name, np.asarray(values, dtype=np.float64))
+        self._attach(atoms)
+        self.want_stress = bool(config.get("stress"))
+        self.lenient_stress = False
+
+    def use_template(self, template: Any) -> None:
+        """Standard i-PI mode: the species and PBC come from a structure file."""
+        from ase import Atoms
+
+        atoms = Atoms(numbers=template.numbers, pbc=template.pbc, cell=template.cell)
+        atoms.info.update(template.info)
+        for name in ARRAYS_FORWARDED:
+            if name in template.arrays:
+                atoms.set_array(name, template.arrays[name].copy())
+        self._attach(atoms)
+        self.want_stress = bool(atoms.pbc.all())
+        # i-PI only needs forces; a model without stress must still run MD.
+        self.lenient_stress = True
+
+    def _attach(self, atoms: Any) -> None:
+        # Calculators do not compare atoms.info, so a charge change alone would hit
+        # their cache: start from a clean slate on every new system.
+        reset = getattr(self.calc, "reset", None)
+        if reset is not None:
+            reset()
+        atoms.calc = self.calc
+        self.atoms = atoms
+
+    def compute(self, cell: np.ndarray, positions: np.ndarray) -> tuple[float, Any, Any, bytes]:
+        """Energy (eV), forces (eV/Å), virial (eV) and the extra bytes for one geometry."""
+        atoms = self.atoms
+        if atoms is None:
+            raise RuntimeError(
+                "the worker does not know the species: a standard i-PI server sends "
+                "none, so start it with `rootstock serve ... --structure FILE`"
+            )
+        if len(positions) != len(atoms):
+            raise ValueError(
+                f"the server sent {len(positions)} atoms, but the structure has {len(atoms)}"
+            )
+        atoms.cell[:] = cell
+        atoms.positions[:] = positions
+        energy = atoms.get_potential_energy()
+        forces = atoms.get_forces()
+        virial = np.zeros((3, 3))
+        if self.want_stress and atoms.cell.rank == 3:
+            virial = self._virial(atoms)
+        extra = b""
+        free = getattr(self.calc, "results", {}).get("free_energy")
+        if free is not None and free != energy:
+            extra = json.dumps({"free_energy": float(free)}).encode("ascii")
+        return energy, forces, virial, extra
+
+    def _virial(self, atoms: Any) -> np.ndarray:
+        from ase.calculators.calculator import PropertyNotImplementedError
+
+        try:
+            stress = atoms.get_stress(voigt=False)
+        except PropertyNotImplementedError:
+            if not self.lenient_stress:
+                raise
+            log.warning("the model computes no stress; sending a zero virial")
+            self.want_stress = False
+            return np.zeros((3, 3))
+        return -atoms.get_volume() * stress
