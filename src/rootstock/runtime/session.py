@@ -1,0 +1,219 @@
+"""One live worker seen from the client: process, connection, and what it knows.
+
+A session is started on the first calculation and reused while it is healthy.
+Each calculation is one write (INIT when the system changed, POSDATA, GETFORCE)
+and one reply. Any failure other than a model exception reported in-band ends
+the session: the worker is stopped, and the caller starts a fresh one next time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import weakref
+from typing import Any
+
+import numpy as np
+
+from rootstock.errors import ProtocolError, WorkerDiedError, WorkerError, WorkerTimeout
+from rootstock.runtime.protocol import (
+    EXIT,
+    GETFORCE,
+    ErrorReply,
+    ForceReply,
+    FrameStream,
+    FrameTimeout,
+    PeerClosed,
+    encode_init,
+    posdata_parts,
+    read_reply,
+)
+from rootstock.runtime.server import WorkerListener
+from rootstock.runtime.spawn import WorkerProcess, spawn_worker
+from rootstock.runtime.spec import WorkerSpec
+
+log = logging.getLogger("rootstock.runtime")
+
+FORWARDED_ARRAYS = ("initial_magmoms", "initial_charges")
+
+
+def describe_exit(code: int | None) -> str:
+    """A human reading of an exit status (negative: killed by that signal)."""
+    if code is None:
+        return "is gone (exit status unknown)"
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    note = {
+        "SIGKILL": " (the out-of-memory killer, the batch scheduler, or kill -9)",
+        "SIGSEGV": " (a crash inside the model's native code)",
+        "SIGABRT": " (an abort inside the model's native code)",
+    }.get(name, "")
+    return f"was killed by {name}{note}"
+
+
+class WorkerSession:
+    """A started worker for one :class:`WorkerSpec`."""
+
+    def __init__(self, spec: WorkerSpec, *, timeout: float | None, offline: bool = True) -> None:
+        self.spec = spec
+        self.timeout = timeout
+        self.offline = offline
+        self.process: WorkerProcess | None = None
+        self.stream: FrameStream | None = None
+        self._listener: WorkerListener | None = None
+        self._sent_key: tuple | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.stream is not None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self) -> WorkerSession:
+        """Spawn the worker and wait until it connects (with liveness checks)."""
+        spec = self.spec
+        listener = WorkerListener()
+        try:
+            process = spawn_worker(
+                spec.layout,
+                spec.env_name,
+                checkpoint=spec.checkpoint,
+                socket_path=listener.path,
+                mode="calculator",
+                device=spec.device,
+                setup_kwargs=spec.setup_kwargs,
+                weights=spec.weights,
+                offline=self.offline,
+                run_dir=listener.run_dir,
+            )
+        except BaseException:
+            listener.cleanup()
+            raise
+        self.process, self._listener = process, listener
+        # If the user never closes the calculator, the worker still goes at exit.
+        self._finalizer = weakref.finalize(self, _reap, process, listener)
+        try:
+            conn = listener.accept(self.timeout, on_wait=self._check_alive)
+        except BaseException:
+            self.close(graceful=False)
+            raise
+        self.stream = FrameStream(conn, peer=f"worker {process.pid}")
+        log.info("worker %d started for %s (env %s)", process.pid, spec.checkpoint, spec.env_name)
+        return self
+
+    def _check_alive(self) -> None:
+        if self.process is not None and self.process.has_exited():
+            raise self._died("while rootstock waited for it")
+
+    def _died(self, when: str) -> WorkerDiedError:
+        process = self.process
+        pid = process.pid if process else None
+        code = process.stop(grace=2.0) if process else None
+        tail = process.output_tail() if process else ""
+        self._teardown()
+        return WorkerDiedError(
+            f"the worker for {self.spec.checkpoint!r} (env {self.spec.env_name}, pid {pid}) "
+            f"{describe_exit(code)} {when}",
+            exit_code=code,
+            output_tail=tail,
+        )
+
+    def compute(self, atoms: Any, info_json: str, want_stress: bool) -> ForceReply:
+        """One calculation: a single write, a single reply. Raises WorkerError subclasses."""
+        if self.stream is None:
+            raise ProtocolError("the worker session is closed")
+        numbers = atoms.arrays["numbers"]
+        arrays = [(n, atoms.arrays[n]) for n in FORWARDED_ARRAYS if n in atoms.arrays]
+        key = (
+            numbers.tobytes(),
+            atoms.pbc.tobytes(),
+            info_json,
+            want_stress,
+            tuple((n, a.tobytes()) for n, a in arrays),
+        )
+        parts: list[Any] = []
+        if key != self._sent_key:
+            config = {
+                "numbers": numbers.tolist(),
+                "pbc": atoms.pbc.tolist(),
+                "info": json.loads(info_json),
+                "stress": want_stress,
+                "arrays": {n: np.asarray(a).tolist() for n, a in arrays},
+            }
+            parts.append(encode_init(config))
+        parts.extend(posdata_parts(atoms.cell.array, atoms.arrays["positions"]))
+        parts.append(GETFORCE)
+        try:
+            self.stream.set_deadline(self.timeout, self._check_alive)
+            self.stream.send(b"".join(parts))
+            self._sent_key = key
+            reply = read_reply(self.stream, len(numbers))
+        except PeerClosed:
+            raise self._died("during a calculation") from None
+        except FrameTimeout:
+            self.close(graceful=False)
+            raise WorkerTimeout(
+                f"the worker for {self.spec.checkpoint!r} did not answer within "
+                f"{self.timeout:g} s and was stopped",
+                hint="pass a larger timeout= (or None) for slow models or large systems",
+            ) from None
+        except BaseException:
+            # A protocol error or Ctrl-C mid-frame leaves the stream unusable.
+            self.close(graceful=False)
+            raise
+        if isinstance(reply, ErrorReply):
+            self._sent_key = None
+            if reply.phase == "setup":
+                self.close(graceful=True)
+            where = "setup()" if reply.phase == "setup" else "the calculation"
+            raise WorkerError(
+                f"{self.spec.checkpoint!r} (env {self.spec.env_name}) raised "
+                f"{reply.type} in {where}: {reply.message}",
+                remote_traceback=reply.traceback,
+                hint="the worker's traceback is below; a fix in setup() belongs in "
+                f"envs/{self.spec.env_name}/env_source.py"
+                if reply.phase == "setup"
+                else None,
+            )
+        return reply
+
+    def close(self, graceful: bool = True) -> None:
+        """Ask the worker to exit (EXIT), then stop its process group and clean up."""
+        if self.stream is not None and graceful:
+            try:
+                self.stream.set_deadline(1.0)
+                self.stream.send(EXIT)
+            except ProtocolError:
+                pass
+        if self.process is not None:
+            if self.stream is not None:
+                self.stream.close()
+                self.stream = None
+            self.process.stop(grace=3.0 if graceful else 0.0)
+        self._teardown()
+
+    def _teardown(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+            self.stream = None
+        if self._listener is not None:
+            self._listener.cleanup()
+            self._listener = None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+
+
+def _reap(process: WorkerProcess, listener: WorkerListener) -> None:
+    # The connection is already gone with the session, so the worker sees EOF and
+    # exits on its own; the kill only covers one stuck in the model.
+    process.stop(grace=1.0)
+    listener.cleanup()

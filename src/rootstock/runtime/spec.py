@@ -1,0 +1,134 @@
+"""What to run: a checkpoint bound to its env, plus the arguments for ``setup()``.
+
+This is the one runtime module that reads the install root, and only through the
+read-only resolvers in ``install.layout`` and ``install.envs``. Both the calculator
+and ``rootstock serve`` validate their arguments here, so they fail the same way
+and before any process is started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rootstock.errors import EnvFileError, UsageError
+from rootstock.install.config import load_config
+from rootstock.install.envs import resolve_checkpoint
+from rootstock.install.layout import InstallLayout, resolve_layout
+
+# setup() receives these from rootstock itself; letting setup_kwargs replace them
+# would make the manifest's record of what ran untrue.
+RESERVED_SETUP_KWARGS = ("checkpoint", "device", "path")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything needed to spawn a worker for one checkpoint."""
+
+    layout: InstallLayout
+    checkpoint: str
+    env_name: str
+    device: str = "cuda"
+    setup_kwargs: dict[str, Any] = field(default_factory=dict)
+    weights: Path | None = None
+    cluster: str | None = None
+
+    @property
+    def python(self) -> Path:
+        return self.layout.env_python(self.env_name)
+
+    @property
+    def env_source(self) -> Path:
+        return self.layout.env_source(self.env_name)
+
+
+def check_setup_kwargs(setup_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """Validate keyword arguments for ``setup()``: strings, not reserved, JSON-able."""
+    if setup_kwargs is None:
+        return {}
+    if not isinstance(setup_kwargs, dict) or not all(isinstance(k, str) for k in setup_kwargs):
+        raise UsageError("setup_kwargs must be a dict with string keys")
+    reserved = sorted(set(setup_kwargs) & set(RESERVED_SETUP_KWARGS))
+    if reserved:
+        raise UsageError(
+            f"setup_kwargs may not set {', '.join(reserved)}",
+            hint="pass the checkpoint id as checkpoint=, the device as device=, "
+            "and user weights as weights=",
+        )
+    try:
+        json.dumps(setup_kwargs, allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(
+            f"setup_kwargs must be JSON-serialisable ({exc})",
+            hint="the worker receives them as JSON; pass numbers, strings, lists or dicts",
+        ) from None
+    return dict(setup_kwargs)
+
+
+def resolve_worker_spec(
+    checkpoint: str,
+    *,
+    root: str | os.PathLike | None = None,
+    cluster: str | None = None,
+    cache_root: str | os.PathLike | None = None,
+    device: str = "cuda",
+    setup_kwargs: dict[str, Any] | None = None,
+    weights: str | os.PathLike | None = None,
+) -> WorkerSpec:
+    """Resolve ``checkpoint`` to an installed env and validate the arguments.
+
+    ``cluster`` names this machine (and supplies the root only when nothing else
+    does). Without it, the ``cluster`` recorded in config.toml picks variants.
+    """
+    if not isinstance(checkpoint, str) or not checkpoint:
+        raise UsageError("checkpoint must be a non-empty checkpoint id such as 'emt'")
+    if not isinstance(device, str) or not device:
+        raise UsageError("device must be a string such as 'cuda', 'cpu' or 'xpu'")
+    kwargs = check_setup_kwargs(setup_kwargs)
+    layout = resolve_layout(root, cluster, cache_root)
+    machine = cluster or _configured_cluster()
+    resolved = resolve_checkpoint(layout, checkpoint, machine)
+    env = resolved.env
+    weights_path = None
+    if resolved.is_custom:
+        if weights is None:
+            raise UsageError(
+                f"{checkpoint!r} runs your own weights, and none were given",
+                hint="pass weights=PATH (or --weights PATH) to your weights file",
+            )
+        if not env.has_setup_from_path:
+            raise EnvFileError(
+                f"env {env.name!r} declares {checkpoint!r} but its built env_source.py "
+                "has no setup_from_path(), so it cannot load user weights",
+                hint=f'maintainer: define setup_from_path(path, device="cuda", **kw) in '
+                f"{layout.env_source(env.name)} and environments/{env.name}.py, "
+                "or drop the :custom entry",
+            )
+        weights_path = Path(weights).expanduser().absolute()
+        if not weights_path.exists():
+            raise UsageError(f"weights file {weights_path} does not exist")
+    elif weights is not None:
+        customs = [c for c in env.checkpoints if c.endswith(":custom")]
+        raise UsageError(
+            f"weights= is only for <family>:custom checkpoints, and {checkpoint!r} is not one",
+            hint=f"use {customs[0]!r} with weights="
+            if customs
+            else f"env {env.name!r} takes no user weights",
+        )
+    return WorkerSpec(
+        layout=layout,
+        checkpoint=checkpoint,
+        env_name=env.name,
+        device=device,
+        setup_kwargs=kwargs,
+        weights=weights_path,
+        cluster=machine,
+    )
+
+
+def _configured_cluster() -> str | None:
+    value = load_config().get("cluster")
+    return value if isinstance(value, str) and value else None
