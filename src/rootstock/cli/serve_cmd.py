@@ -1,0 +1,100 @@
+"""``rootstock serve``: serve a checkpoint to an external i-PI server."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from rootstock.cli.common import root_options
+from rootstock.errors import UsageError
+
+
+def parse_kwarg_pairs(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs to a dict; each value is JSON if it parses, else a string."""
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(
+                f"--kwarg {pair!r} is not KEY=VALUE", hint="write e.g. --kwarg task=omat"
+            )
+        try:
+            kwargs[key] = json.loads(text)
+        except ValueError:
+            kwargs[key] = text
+    return kwargs
+
+
+@click.command()
+@click.argument("checkpoint")
+@click.option(
+    "--socket",
+    "socket_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Unix socket the server binds (ASE and i-PI use /tmp/ipi_NAME).",
+)
+@click.option("--device", default="cuda", show_default=True, help="Passed to setup().")
+@click.option(
+    "--kwarg",
+    "kwarg_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Keyword for setup(); VALUE is JSON if it parses, else a string. Repeatable.",
+)
+@click.option("--weights", type=click.Path(), help="Your weights, for <family>:custom ids.")
+@click.option(
+    "--structure",
+    type=click.Path(exists=True, dir_okay=False),
+    help="ASE-readable file with the species and PBC (standard servers send none).",
+)
+@click.option(
+    "--connect-timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds to keep retrying until the server is up (0: forever).",
+)
+@root_options
+def serve(
+    checkpoint,
+    socket_path,
+    device,
+    kwarg_pairs,
+    weights,
+    structure,
+    connect_timeout,
+    root,
+    cluster,
+    cache_root,
+):
+    """Serve CHECKPOINT to an i-PI server (ASE's SocketIOCalculator, i-PI, ...).
+
+    The worker connects to --socket as a standard i-PI client, retrying until the
+    server is up, and runs until the server sends EXIT or closes the connection.
+    """
+    from rootstock.cli.common import warn
+    from rootstock.ops.serve import serve as run_serve
+
+    if structure is None:
+        warn(
+            "no --structure: standard i-PI servers send no species, so the first "
+            "calculation will fail unless the server speaks rootstock's dialect"
+        )
+
+    result = run_serve(
+        checkpoint,
+        socket_path,
+        root=root,
+        cluster=cluster,
+        cache_root=cache_root,
+        device=device,
+        setup_kwargs=parse_kwarg_pairs(kwarg_pairs),
+        weights=weights,
+        structure=structure,
+        connect_timeout=connect_timeout,
+    )
+    click.echo(f"served {result.checkpoint} (env {result.env_name}) on {result.socket}", err=True)
