@@ -1,0 +1,109 @@
+"""Fixtures for the runtime tests: built roots, cluster registry, process teardown.
+
+``fake_built_root`` stands in for real uv-built envs: each env directory holds the
+env file as ``env_source.py`` and a ``bin/python`` that execs the dev venv's
+interpreter (which has rootstock, ase and numpy). It costs milliseconds, so the
+runtime tests stay fast; the session fixtures in tests/conftest.py build real envs
+with uv, and swapping them in only changes ``build_fake_root`` below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rootstock.install.layout import write_layout
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_ENVS = REPO / "tests" / "envs"
+SAMPLE_EMT = REPO / "environments" / "emt.py"
+TEST_CLUSTER = "testcluster"
+
+# env name -> env file; the sample EMT env is the product's own file.
+RUNTIME_ENVS = {
+    "emt": SAMPLE_EMT,
+    "emt-variant": TEST_ENVS / "emt_variant.py",
+    "charge-emt": TEST_ENVS / "charge_emt.py",
+    "noisy": TEST_ENVS / "noisy.py",
+    "broken-setup": TEST_ENVS / "broken_setup.py",
+    "custom-emt": TEST_ENVS / "custom_emt.py",
+    "custom-no-hook": TEST_ENVS / "custom_no_hook.py",
+    "probe": TEST_ENVS / "probe.py",
+    "null": TEST_ENVS / "null_model.py",
+}
+
+
+def add_fake_env(root: Path, name: str, env_file: Path) -> Path:
+    """Fake a built env: env_source.py plus a bin/python running the dev interpreter."""
+    env_dir = root / "envs" / name
+    (env_dir / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(env_file, env_dir / "env_source.py")
+    python = env_dir / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return env_dir
+
+
+def build_fake_root(root: Path, envs: dict[str, Path]) -> Path:
+    """A root with layout.json, home/, cache/ and the given fake-built envs."""
+    root.mkdir(parents=True, exist_ok=True)
+    write_layout(root, None)
+    (root / "home").mkdir(exist_ok=True)
+    (root / "cache").mkdir(exist_ok=True)
+    for name, env_file in envs.items():
+        add_fake_env(root, name, env_file)
+    return root
+
+
+@pytest.fixture(scope="session")
+def fake_built_root(tmp_path_factory) -> Path:
+    """A shared root with every runtime test env; tests must not modify it.
+
+    Stand-in for real uv-built envs (see the module docstring).
+    """
+    return build_fake_root(tmp_path_factory.mktemp("fake-root") / "root", RUNTIME_ENVS)
+
+
+@pytest.fixture
+def own_root(tmp_path: Path) -> Path:
+    """A private root for a test that edits envs (hotfixes)."""
+    return build_fake_root(tmp_path / "root", {"emt": SAMPLE_EMT})
+
+
+@pytest.fixture
+def runtime_isolation(monkeypatch, tmp_path_factory, fake_built_root: Path):
+    """Private compiler caches and a registry that knows the test cluster.
+
+    Runtime test modules opt in with ``pytestmark = pytest.mark.usefixtures(...)``.
+    """
+    registry = tmp_path_factory.getbasetemp() / "clusters.toml"
+    if not registry.exists():
+        registry.write_text(f'[clusters.{TEST_CLUSTER}]\nroot = "{fake_built_root}"\n')
+    monkeypatch.setenv("ROOTSTOCK_CLUSTERS_FILE", str(registry))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "user-cache"))
+    monkeypatch.delenv("ROOTSTOCK_WORKER_LOG", raising=False)
+    monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
+
+
+@contextlib.contextmanager
+def process_group(argv: list[str], **kwargs):
+    """Start ``argv`` in its own session; on exit, kill the whole group."""
+    proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def rootstock_serve_argv(*args: str) -> list[str]:
+    """``rootstock serve`` run from the dev interpreter."""
+    return [sys.executable, "-m", "rootstock.cli.serve_cmd", *map(str, args)]
