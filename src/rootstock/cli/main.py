@@ -63,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
 
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        cli.main(args=argv, prog_name="rootstock", standalone_mode=False)
+        # Outside standalone mode click returns (not raises) the code of a command's
+        # ``Exit``, e.g. install's ``Exit(1)`` when one env of a directory failed.
+        code = cli.main(args=argv, prog_name="rootstock", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 130
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         click.echo(f"error: {exc}\n  hint: rerun with --debug for the traceback", err=True)
         return 1
-    return 0
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 if __name__ == "__main__":
