@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.conftest import run_rootstock
 
 from rootstock.cli.main import COMMANDS
 from rootstock.install.envfile import read_env_file
+from tests.conftest import run_rootstock
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -198,3 +198,17 @@ def test_resolve_unknown_cluster_fails_cleanly():
     proc = run_rootstock("resolve", "--cluster", "nosuchbox", timeout=60, check=False)
     assert proc.returncode == 1
     assert proc.stderr.startswith("error: unknown cluster 'nosuchbox'; known clusters: ")
+
+
+def test_command_exit_code_reaches_the_shell(tmp_path):
+    # install of a directory keeps going past failures, then exits 1 (click's Exit).
+    root = tmp_path / "root"
+    run_rootstock("init", "--root", root, "--cluster", "testbox", timeout=60)
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    (envs / "bad1.py").write_text("x = (\n")
+    (envs / "bad2.py").write_text("y = (\n")
+    proc = run_rootstock("install", envs, "--root", root, timeout=120, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "error: bad1:" in proc.stderr and "error: bad2:" in proc.stderr
+    assert "Traceback" not in proc.stderr

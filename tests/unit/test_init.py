@@ -15,11 +15,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from tests.conftest import ROOTSTOCK, run_rootstock
 
 from rootstock.errors import RootstockError
 from rootstock.install.layout import LAYOUT_VERSION, read_layout, resolve_cache_root
 from rootstock.ops.init import InitRequest, init_root
+from tests.conftest import ROOTSTOCK, run_rootstock
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -236,6 +236,9 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: the pty is its controlling terminal
             try:
+                # A runner started in the background ignores SIGINT, and exec keeps
+                # that; a user's terminal does not.
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.execve(sys.executable, [sys.executable, *ROOTSTOCK[1:], *args], env)
             finally:
                 os._exit(127)
@@ -266,6 +269,19 @@ class Terminal:
     def answer(self, prompt: str, reply: str) -> None:
         self.expect(prompt)
         os.write(self.fd, reply.encode() + b"\r")
+
+    def interrupt(self) -> int:
+        """Press Ctrl-C until the child exits; return its exit code.
+
+        A SIGINT that lands just before Python blocks in ``read()`` is only noticed at
+        the next signal, so keep pressing, as a user would.
+        """
+        while True:
+            os.write(self.fd, b"\x03")  # the terminal turns ^C into SIGINT
+            until = time.monotonic() + 1.0
+            while time.monotonic() < until:
+                if not self._read():
+                    return self.finish()
 
     def finish(self) -> int:
         """Read to the end and return the child's exit code."""
@@ -310,7 +326,9 @@ def test_interactive_prompts(tmp_path, private_config, terminal):
     term.answer("Your email", "ada@example.org")
     term.answer("Dashboard API URL", "https://dash.example.org/api")
     term.answer("API key", "key-123")
-    term.answer("API secret", "s3cret-value")
+    # getpass turns echo off (flushing pending input) before it writes the " " that
+    # follows click's "API secret:", so answer only once that space is there.
+    term.answer("API secret: ", "s3cret-value")
     term.expect("next: rootstock install")
     assert term.finish() == 0, term.seen
     assert "s3cret-value" not in term.seen  # hidden input is not echoed
@@ -354,3 +372,11 @@ def test_yes_skips_prompts_even_on_a_terminal(tmp_path, terminal):
     assert term.finish() == 0, term.seen
     assert "?" not in term.seen
     assert (root / "layout.json").is_file()
+
+
+def test_ctrl_c_at_a_prompt_exits_130_and_creates_nothing(tmp_path, terminal):
+    term = terminal(["init"])
+    term.expect("Install root (on a shared filesystem)")
+    assert term.interrupt() == 130, term.seen
+    assert "Aborted." in term.seen
+    assert list(tmp_path.iterdir()) == []
