@@ -69,6 +69,19 @@ def make_calculator(
     return calc
 
 
+def _is_plain_ase_calculator(calc: Any) -> bool:
+    """True for an ase Calculator that keeps ASE's own property plumbing."""
+    from ase.calculators.calculator import BaseCalculator, Calculator
+
+    if not isinstance(calc, Calculator):
+        return False
+    cls = type(calc)
+    return all(
+        getattr(cls, name) is getattr(BaseCalculator, name)
+        for name in ("get_property", "get_potential_energy", "get_forces", "get_stress")
+    )
+
+
 class ModelRunner:
     """Holds the model calculator and the current system (species, PBC, info)."""
 
@@ -77,6 +90,9 @@ class ModelRunner:
         self.atoms: Any = None
         self.want_stress = False
         self.lenient_stress = False
+        self._direct = _is_plain_ase_calculator(calc)
+        self._fresh = True
+        self._last_cell: np.ndarray | None = None
 
     @property
     def ready(self) -> bool:
@@ -121,6 +137,7 @@ class ModelRunner:
             reset()
         atoms.calc = self.calc
         self.atoms = atoms
+        self._fresh = True
 
     def compute(self, cell: np.ndarray, positions: np.ndarray) -> tuple[float, Any, Any, bytes]:
         """Energy (eV), forces (eV/Å), virial (eV) and the extra bytes for one geometry."""
@@ -134,18 +151,66 @@ class ModelRunner:
             raise ValueError(
                 f"the server sent {len(positions)} atoms, but the structure has {len(atoms)}"
             )
+        changes = self._changes(cell)
         atoms.cell[:] = cell
         atoms.positions[:] = positions
-        energy = atoms.get_potential_energy()
-        forces = atoms.get_forces()
-        virial = np.zeros((3, 3))
-        if self.want_stress and atoms.cell.rank == 3:
-            virial = self._virial(atoms)
+        stress_wanted = self.want_stress and atoms.cell.rank == 3
+        results = self._direct_results(changes, stress_wanted) if self._direct else None
+        if results is None:
+            energy = atoms.get_potential_energy()
+            forces = atoms.get_forces()
+            virial = self._virial(atoms) if stress_wanted else np.zeros((3, 3))
+        else:
+            energy, forces, virial = results
         extra = b""
         free = getattr(self.calc, "results", {}).get("free_energy")
         if free is not None and free != energy:
             extra = json.dumps({"free_energy": float(free)}).encode("ascii")
         return energy, forces, virial, extra
+
+    def _changes(self, cell: np.ndarray) -> list[str]:
+        from ase.calculators.calculator import all_changes
+
+        if self._fresh or self._last_cell is None:
+            self._fresh = False
+            changes = list(all_changes)
+        elif np.array_equal(cell, self._last_cell):
+            changes = ["positions"]
+        else:
+            changes = ["positions", "cell"]
+        self._last_cell = np.array(cell, dtype=np.float64)
+        return changes
+
+    def _direct_results(self, changes: list[str], stress_wanted: bool) -> tuple | None:
+        """One ``calculate()`` for all properties, as ASE's get_property would call it.
+
+        The client sends a geometry only when something changed, and the worker
+        knows what (INIT: everything; else positions, and the cell if it moved).
+        So the per-property ``check_state`` comparisons, which cost more than the
+        whole round trip for a fast model, are skipped. Calculators that replace
+        ASE's property plumbing take the public path instead.
+        """
+        calc = self.calc
+        properties = ["energy", "forces"]
+        if stress_wanted:
+            if "stress" not in calc.implemented_properties:
+                return None
+            properties.append("stress")
+        calc.atoms = None
+        calc.results = {}
+        calc.calculate(self.atoms, properties, changes)
+        results = calc.results
+        if not all(name in results for name in properties):
+            return None  # the public path fills in what this calculator left out
+        virial = np.zeros((3, 3))
+        if stress_wanted:
+            from ase.stress import voigt_6_to_full_3x3_stress
+
+            stress = np.asarray(results["stress"])
+            if stress.shape == (6,):
+                stress = voigt_6_to_full_3x3_stress(stress)
+            virial = -self.atoms.get_volume() * stress
+        return results["energy"], results["forces"], virial
 
     def _virial(self, atoms: Any) -> np.ndarray:
         from ase.calculators.calculator import PropertyNotImplementedError
