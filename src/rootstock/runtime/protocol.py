@@ -165,8 +165,8 @@ def encode_init(config: dict[str, Any] | bytes, bead: int = 0) -> bytes:
     return b"".join((INIT, _INIT_HEAD.pack(bead, len(payload)), payload))
 
 
-def posdata_parts(cell: np.ndarray, positions: np.ndarray) -> tuple[Any, ...]:
-    """The buffers of a ``POSDATA`` frame, for joining with other frames in one write."""
+def _cell_bytes(cell: np.ndarray) -> bytes:
+    """``h`` and ``h^-1`` in bohr as they travel in POSDATA."""
     h = np.asarray(cell, dtype=np.float64).T / BOHR
     try:
         ih = np.linalg.inv(h)
@@ -174,14 +174,29 @@ def posdata_parts(cell: np.ndarray, positions: np.ndarray) -> tuple[Any, ...]:
         # Non-periodic or slab cells have no inverse; readers that need one (i-PI
         # drivers) only run with full cells, and the rootstock worker ignores it.
         ih = np.zeros((3, 3))
-    pos = np.ascontiguousarray(np.asarray(positions, dtype=np.float64) / BOHR)
-    return (POSDATA, np.ascontiguousarray(h), np.ascontiguousarray(ih), _INT32.pack(len(pos)), pos)
+    return np.ascontiguousarray(h).tobytes() + np.ascontiguousarray(ih).tobytes()
+
+
+class PosDataEncoder:
+    """Builds POSDATA frames, deriving ``h`` and ``h^-1`` again only when the cell moves."""
+
+    def __init__(self) -> None:
+        self._cell_key: bytes | None = None
+        self._cell_bytes = b""
+
+    def parts(self, cell: np.ndarray, positions: np.ndarray) -> tuple[Any, ...]:
+        """The buffers of one frame, for joining with other frames in a single write."""
+        key = np.asarray(cell, dtype=np.float64).tobytes()
+        if key != self._cell_key:
+            self._cell_key, self._cell_bytes = key, _cell_bytes(cell)
+        pos = np.ascontiguousarray(np.asarray(positions, dtype=np.float64) / BOHR)
+        return (POSDATA, self._cell_bytes, _INT32.pack(len(pos)), pos)
 
 
 def encode_posdata(cell: np.ndarray, positions: np.ndarray) -> bytes:
     """A ``POSDATA`` frame from an ASE cell (vectors as rows) and positions in Å."""
-    # bytes.join takes buffer objects, so the arrays are copied exactly once.
-    return b"".join(posdata_parts(cell, positions))
+    # bytes.join takes buffer objects, so the positions are copied exactly once.
+    return b"".join(PosDataEncoder().parts(cell, positions))
 
 
 def encode_forceready(
@@ -303,10 +318,12 @@ class FrameStream:
         """One fixed-size record, unpacked."""
         return layout.unpack_from(self._buf, self._take(layout.size))
 
-    def read_float64s(self, count: int) -> np.ndarray:
-        """``count`` float64 values as a fresh array (never a view of the buffer)."""
+    def read_float64s(self, count: int, scale: float | None = None) -> np.ndarray:
+        """``count`` float64 values (times ``scale``) as a fresh array, never a view."""
         offset = self._take(8 * count)
-        return np.frombuffer(self._buf, dtype=np.float64, count=count, offset=offset).copy()
+        values = np.frombuffer(self._buf, dtype=np.float64, count=count, offset=offset)
+        # Scaling already makes the copy the buffer's reuse requires.
+        return values.copy() if scale is None else values * scale
 
     def read_header(self) -> str:
         """The next header word; unknown or non-ASCII headers raise ProtocolError."""
@@ -365,11 +382,11 @@ def _read_length(stream: FrameStream, what: str) -> int:
 
 def read_posdata_body(stream: FrameStream) -> PosData:
     """The body of a ``POSDATA`` frame (after its header)."""
-    h = stream.read_float64s(9).reshape(3, 3)
-    stream.read_float64s(9)  # h^-1: the worker derives what it needs from h
+    h = stream.read_float64s(9, BOHR).reshape(3, 3)
+    stream.read_bytes(72)  # h^-1: the worker derives what it needs from h
     natoms = _read_natoms(stream, "POSDATA")
-    positions = stream.read_float64s(3 * natoms).reshape(natoms, 3)
-    return PosData(cell=h.T * BOHR, positions=positions * BOHR)
+    positions = stream.read_float64s(3 * natoms, BOHR).reshape(natoms, 3)
+    return PosData(cell=h.T, positions=positions)
 
 
 def read_init_body(stream: FrameStream) -> Init:
@@ -405,15 +422,10 @@ def read_forceready_body(stream: FrameStream, natoms: int | None = None) -> Forc
         raise ProtocolError(f"FORCEREADY declares {count} atoms")
     if natoms is not None and count != natoms:
         raise ProtocolError(f"FORCEREADY carries {count} atoms but {natoms} were sent")
-    forces = stream.read_float64s(3 * count).reshape(count, 3)
-    virial = stream.read_float64s(9).reshape(3, 3).T
+    forces = stream.read_float64s(3 * count, HARTREE / BOHR).reshape(count, 3)
+    virial = stream.read_float64s(9, HARTREE).reshape(3, 3).T
     extra = stream.read_bytes(_read_length(stream, "FORCEREADY extra"))
-    return ForceReply(
-        energy=energy * HARTREE,
-        forces=forces * (HARTREE / BOHR),
-        virial=virial * HARTREE,
-        extra=extra,
-    )
+    return ForceReply(energy=energy * HARTREE, forces=forces, virial=virial, extra=extra)
 
 
 def read_error_body(stream: FrameStream) -> ErrorReply:

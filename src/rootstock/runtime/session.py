@@ -25,8 +25,8 @@ from rootstock.runtime.protocol import (
     FrameStream,
     FrameTimeout,
     PeerClosed,
+    PosDataEncoder,
     encode_init,
-    posdata_parts,
     read_reply,
 )
 from rootstock.runtime.server import WorkerListener
@@ -67,6 +67,7 @@ class WorkerSession:
         self.stream: FrameStream | None = None
         self._listener: WorkerListener | None = None
         self._sent_key: tuple | None = None
+        self._posdata = PosDataEncoder()
         self._finalizer: weakref.finalize | None = None
 
     @property
@@ -149,7 +150,7 @@ class WorkerSession:
                 "arrays": {n: np.asarray(a).tolist() for n, a in arrays},
             }
             parts.append(encode_init(config))
-        parts.extend(posdata_parts(atoms.cell.array, atoms.arrays["positions"]))
+        parts.extend(self._posdata.parts(atoms.cell.array, atoms.arrays["positions"]))
         parts.append(GETFORCE)
         try:
             self.stream.set_deadline(self.timeout, self._check_alive)
