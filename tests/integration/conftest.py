@@ -103,7 +103,3 @@ def process_group(argv: list[str], **kwargs):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
-
-def rootstock_serve_argv(*args: str) -> list[str]:
-    """``rootstock serve`` run from the dev interpreter."""
-    return [sys.executable, "-m", "rootstock.cli.serve_cmd", *map(str, args)]
