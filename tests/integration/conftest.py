@@ -102,4 +102,3 @@ def process_group(argv: list[str], **kwargs):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-
