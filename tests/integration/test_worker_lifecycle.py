@@ -265,3 +265,35 @@ def test_close_removes_the_private_socket_directory(fake_built_root):
     assert wait_gone(pid, 10)
     if run_dir is not None:
         assert not run_dir.exists()
+
+
+def test_a_forked_child_gets_its_own_worker_and_leaves_the_parents_alone(fake_built_root):
+    atoms = cu()
+    with RootstockCalculator(root=fake_built_root, checkpoint="emt", device="cpu") as calc:
+        atoms.calc = calc
+        expected = atoms.get_potential_energy()
+        parent_worker = calc.worker_pid
+        read_end, write_end = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - runs in the child
+            status = 1
+            try:
+                atoms.positions[0, 0] += 0.0  # same geometry, but a new process
+                calc.results.clear()
+                energy = atoms.get_potential_energy()
+                os.write(write_end, json.dumps([energy, calc.worker_pid]).encode())
+                calc.close()
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        _, child_status = os.waitpid(child, 0)
+        energy, child_worker = json.loads(os.read(read_end, 4096))
+        os.close(read_end)
+        assert os.waitstatus_to_exitcode(child_status) == 0
+        assert energy == pytest.approx(expected, abs=1e-10)
+        assert child_worker != parent_worker
+        assert is_running(parent_worker)
+        atoms.positions[0, 0] += 0.01
+        assert atoms.get_potential_energy() == pytest.approx(emt_energy(atoms), abs=1e-10)
+        assert calc.worker_pid == parent_worker

@@ -135,9 +135,13 @@ class RootstockCalculator(Calculator):
         return session.pid if session is not None and session.alive else None
 
     def _worker(self) -> WorkerSession:
-        if self._session is None or not self._session.alive:
-            self._session = WorkerSession(self.spec, timeout=self.timeout).start()
-        return self._session
+        session = self._session
+        if session is not None and not session.owned:
+            session.close()  # forked: leave the parent's worker alone, start our own
+            session = None
+        if session is None or not session.alive:
+            session = self._session = WorkerSession(self.spec, timeout=self.timeout).start()
+        return session
 
     def close(self) -> None:
         """Stop the worker; the next calculation would start a fresh one."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import weakref
 from typing import Any
@@ -69,6 +70,14 @@ class WorkerSession:
         self._sent_key: tuple | None = None
         self._posdata = PosDataEncoder()
         self._finalizer: weakref.finalize | None = None
+        # A forked child inherits the connection but must never use or stop the
+        # parent's worker.
+        self.owner_pid = os.getpid()
+
+    @property
+    def owned(self) -> bool:
+        """False in a process forked after the worker started."""
+        return os.getpid() == self.owner_pid
 
     @property
     def alive(self) -> bool:
@@ -100,7 +109,7 @@ class WorkerSession:
             raise
         self.process, self._listener = process, listener
         # If the user never closes the calculator, the worker still goes at exit.
-        self._finalizer = weakref.finalize(self, _reap, process, listener)
+        self._finalizer = weakref.finalize(self, _reap, process, listener, self.owner_pid)
         try:
             conn = listener.accept(self.timeout, on_wait=self._check_alive)
         except BaseException:
@@ -188,6 +197,9 @@ class WorkerSession:
 
     def close(self, graceful: bool = True) -> None:
         """Ask the worker to exit (EXIT), then stop its process group and clean up."""
+        if not self.owned:
+            self._disown()
+            return
         if self.stream is not None and graceful:
             try:
                 self.stream.set_deadline(1.0)
@@ -201,6 +213,18 @@ class WorkerSession:
             self.process.stop(grace=3.0 if graceful else 0.0)
         self._teardown()
 
+    def _disown(self) -> None:
+        """Forget the parent's worker without touching it (we are a forked child)."""
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
+        if self.stream is not None:
+            # Closing our copy of the descriptor leaves the parent's connection open.
+            self.stream.close()
+            self.stream = None
+        self.process = None
+        self._listener = None
+
     def _teardown(self) -> None:
         if self.stream is not None:
             self.stream.close()
@@ -213,7 +237,9 @@ class WorkerSession:
             self._finalizer = None
 
 
-def _reap(process: WorkerProcess, listener: WorkerListener) -> None:
+def _reap(process: WorkerProcess, listener: WorkerListener, owner_pid: int) -> None:
+    if os.getpid() != owner_pid:
+        return  # a forked child: the worker belongs to the parent
     # The connection is already gone with the session, so the worker sees EOF and
     # exits on its own; the kill only covers one stuck in the model.
     process.stop(grace=1.0)
