@@ -22,6 +22,13 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "resolve": ("rootstock.cli.resolve_cmd", "resolve", "Show where a cluster's install lives."),
     "new-env": ("rootstock.cli.new_env_cmd", "new_env", "Write a template env file."),
     "serve": ("rootstock.cli.serve_cmd", "serve", "Serve a checkpoint to an i-PI driver."),
+    "add": ("rootstock.cli.add_cmd", "add", "Download and verify a checkpoint."),
+    "smoke-test": (
+        "rootstock.cli.smoke_test_cmd",
+        "smoke_test",
+        "Re-verify every fetched checkpoint.",
+    ),
+    "manifest": ("rootstock.cli.manifest_cmd", "manifest", "Show or initialise manifest.json."),
 }
 
 

@@ -237,6 +237,7 @@ def _record_build(layout: InstallLayout, name: str, metadata: dict) -> None:
             "source_hash": metadata["source_hash"],
             "lock_hash": metadata.get("lock_hash"),
             "built_at": metadata["built_at"],
+            "build_id": metadata["build_id"],
             "python": versions.get("python"),
             "python_path": (metadata.get("interpreter") or {}).get("path"),
             "torch": versions.get("torch"),

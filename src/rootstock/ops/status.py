@@ -97,7 +97,7 @@ def _checkpoint_rows(
             continue
         states = {}
         for cluster in clusters:
-            if not _serves(env, checkpoint, cluster, all_envs):
+            if not serves_on(env, checkpoint, cluster, all_envs):
                 continue
             states[cluster] = checkpoint_state(
                 manifest, env.name, checkpoint, cluster, current_source_hash=current_hash
@@ -107,7 +107,7 @@ def _checkpoint_rows(
     return rows
 
 
-def _serves(env: EnvFile, checkpoint: str, cluster: str, all_envs: list[EnvFile]) -> bool:
+def serves_on(env: EnvFile, checkpoint: str, cluster: str, all_envs: list[EnvFile]) -> bool:
     """True when ``env`` is the one that serves ``checkpoint`` on ``cluster``.
 
     A universal env's id is shadowed on clusters where a variant declares it, so

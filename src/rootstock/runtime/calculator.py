@@ -122,6 +122,31 @@ class RootstockCalculator(Calculator):
         # cell filter's get_forces() + get_stress() pair costs one round trip.
         self._stress_requested = False
 
+    @classmethod
+    def from_spec(cls, spec: WorkerSpec, timeout: float | None = DEFAULT_TIMEOUT):
+        """A calculator for an already resolved :class:`WorkerSpec`.
+
+        Verification uses this: ``add`` and ``smoke-test`` have already chosen the
+        env (a cluster variant, say), so nothing is resolved a second time.
+        """
+        if timeout is not None and not timeout > 0:
+            raise UsageError("timeout must be a positive number of seconds, or None")
+        calc = cls.__new__(cls)
+        Calculator.__init__(calc)
+        calc.spec = spec
+        calc.timeout = timeout
+        calc.parameters.update(
+            checkpoint=spec.checkpoint,
+            env=spec.env_name,
+            device=spec.device,
+            setup_kwargs=spec.setup_kwargs,
+            weights=str(spec.weights) if spec.weights else None,
+        )
+        calc._session = None
+        calc._info_json = "{}"
+        calc._stress_requested = False
+        return calc
+
     # --- worker lifecycle -------------------------------------------------------------
 
     @property

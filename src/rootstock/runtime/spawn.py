@@ -408,3 +408,51 @@ def spawn_worker(
             os.close(stdout)
     log.debug("spawned worker pid %d: %s (output: %s)", popen.pid, " ".join(argv), target)
     return WorkerProcess(popen, target, log_path, offset, owned)
+
+
+def run_download(
+    layout: InstallLayout,
+    env_name: str,
+    *,
+    checkpoint: str,
+    setup_kwargs: dict[str, Any] | None = None,
+    timeout: float = 3600.0,
+) -> None:
+    """Run the fetch phase of ``add``: a worker in ``download`` mode, CPU, network on.
+
+    Raises :class:`WorkerError` with the worker's output tail when the env's
+    ``download()`` (or ``setup()``) fails, or when it runs past ``timeout``.
+    """
+    from rootstock.errors import WorkerError
+    from rootstock.runtime.server import make_private_dir
+
+    run_dir = make_private_dir("rootstock-fetch-")
+    try:
+        process = spawn_worker(
+            layout,
+            env_name,
+            checkpoint=checkpoint,
+            socket_path=run_dir / "unused.sock",
+            mode="download",
+            device="cpu",
+            setup_kwargs=setup_kwargs,
+            offline=False,
+            run_dir=run_dir,
+        )
+        finished = process.wait_exit(timeout)
+        code = process.stop(grace=0 if not finished else 3.0)
+        if not finished:
+            raise WorkerError(
+                f"downloading {checkpoint} took longer than {timeout:.0f} s",
+                process.output_tail(),
+                hint="check the network from this node, then re-run `rootstock add`",
+            )
+        if code != 0:
+            raise WorkerError(
+                f"downloading {checkpoint} failed (env {env_name!r}, exit code {code})",
+                process.output_tail(),
+                hint="the traceback above comes from the env's download()/setup(); "
+                "the maintainer can fix env_source.py, then re-run `rootstock add`",
+            )
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)

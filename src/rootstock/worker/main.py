@@ -1,6 +1,6 @@
 """``python -m rootstock.worker``: load the model, connect, serve.
 
-Two modes:
+Three modes:
 
 * ``calculator`` (spawned by RootstockCalculator): connect first, then run
   ``setup()``; a failure there is sent back in-band as an ``ERROR`` frame so the
@@ -8,6 +8,9 @@ Two modes:
 * ``serve`` (``rootstock serve`` for an external i-PI server): run ``setup()``
   first, then connect, retrying until the server is up; a standard server is
   never kept waiting on a model that is still loading. Errors go to the log.
+* ``download`` (the fetch phase of ``rootstock add``): call the env's
+  ``download()`` hook, or ``setup()`` on the CPU, so the weights land in the
+  cache; then exit. No socket; the exit code says whether it worked.
 
 The worker never binds a socket and knows nothing about the system until the
 server tells it (JSON INIT) or ``--structure`` names a file.
@@ -38,8 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m rootstock.worker", description=__doc__)
     parser.add_argument("--env-source", required=True, help="the env's env_source.py")
     parser.add_argument("--checkpoint", required=True, help="checkpoint id passed to setup()")
-    parser.add_argument("--socket", required=True, help="Unix socket path to connect to")
-    parser.add_argument("--mode", choices=("calculator", "serve"), default="calculator")
+    parser.add_argument("--socket", help="Unix socket path to connect to (not for download)")
+    parser.add_argument("--mode", choices=("calculator", "serve", "download"), default="calculator")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--kwargs", default="{}", help="JSON object of setup() keywords")
     parser.add_argument("--weights", help="user weights for a <family>:custom checkpoint")
@@ -107,7 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(kwargs, dict):
         log.error("--kwargs must be a JSON object")
         return EXIT_USAGE
+    if args.mode != "download" and not args.socket:
+        log.error("--socket is required in %s mode", args.mode)
+        return EXIT_USAGE
     try:
+        if args.mode == "download":
+            return _download(args, kwargs)
         if args.mode == "serve":
             return _serve(args, kwargs)
         return _calculator(args, kwargs)
@@ -116,6 +124,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_PROTOCOL_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _download(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+    try:
+        module = load_env_source(args.env_source)
+        hook = getattr(module, "download", None)
+        if callable(hook):
+            log.info("fetching %s with the env's download() hook", args.checkpoint)
+            hook(args.checkpoint, **kwargs)
+        else:
+            log.info("fetching %s by running setup() once on the CPU", args.checkpoint)
+            make_calculator(module, args.checkpoint, "cpu", kwargs, None)
+    except Exception:
+        log.exception("download of %s failed", args.checkpoint)
+        return EXIT_MODEL_ERROR
+    log.info("fetched %s", args.checkpoint)
+    return 0
 
 
 def _calculator(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:

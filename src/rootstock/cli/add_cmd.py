@@ -1,0 +1,116 @@
+"""``rootstock add``."""
+
+from __future__ import annotations
+
+import click
+
+from rootstock.cli.common import emit_json, layout_from, progress, root_options
+
+
+@click.command()
+@click.argument("checkpoint", required=False)
+@root_options
+@click.option("--no-verify", is_flag=True, help="Only download (e.g. on a login node).")
+@click.option(
+    "--device",
+    default="cuda",
+    show_default=True,
+    help="Device to verify on: cpu, cuda, cuda:N or xpu.",
+)
+@click.option(
+    "--kwarg",
+    "kwargs",
+    multiple=True,
+    metavar="K=V",
+    help="Keyword for setup() (JSON-decoded, else a string). Repeatable. "
+    "Without any, VERIFY_KWARGS applies.",
+)
+@click.option(
+    "--verify-timeout",
+    type=float,
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for the worker's forward pass.",
+)
+@click.option("--force", is_flag=True, help="Download again even if already fetched.")
+@click.option(
+    "--accept-drift", is_flag=True, help="Accept this result as the new reference fingerprint."
+)
+@click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
+@click.option("--no-perm-check", is_flag=True, help="Skip the up-front permission check.")
+@click.option("--list", "list_only", is_flag=True, help="List addable checkpoint ids and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def add(
+    checkpoint,
+    root,
+    cluster,
+    cache_root,
+    no_verify,
+    device,
+    kwargs,
+    verify_timeout,
+    force,
+    accept_drift,
+    no_push,
+    no_perm_check,
+    list_only,
+    as_json,
+):
+    """Download a checkpoint's weights and verify them with one forward pass.
+
+    Download runs on the CPU with the network; verification runs on --device,
+    offline. Re-running skips the download and verifies again.
+    """
+    from rootstock.errors import UsageError
+    from rootstock.ops.add import add as run_add
+    from rootstock.ops.add import parse_kwargs
+
+    layout = layout_from(root, cluster, cache_root)
+    if list_only:
+        _list_addable(layout, cluster, as_json)
+        return
+    if not checkpoint:
+        raise UsageError("missing CHECKPOINT", hint="`rootstock add --list` shows the ids")
+    with progress(enabled=not as_json) as step:
+        result = run_add(
+            layout,
+            checkpoint,
+            cluster=cluster,
+            device=device,
+            kwargs=parse_kwargs(kwargs),
+            verify=not no_verify,
+            verify_timeout=verify_timeout,
+            force=force,
+            accept_drift=accept_drift,
+            step=step,
+        )
+    doc = result.to_dict()
+    if as_json:
+        emit_json(doc)
+    else:
+        line = f"{checkpoint} ({result.env}) on {result.cluster}: {doc['state']}"
+        if doc["seconds"] is not None:
+            line += f" on {doc['device']} in {doc['seconds']:.1f} s"
+        click.echo(line)
+        if doc["message"]:
+            click.echo(f"  {doc['message']}", err=True)
+    if not result.ok:
+        raise click.exceptions.Exit(1)
+
+
+def _list_addable(layout, cluster, as_json):
+    from rootstock.install.envfile import is_custom_id
+    from rootstock.install.envs import envs_on_cluster, load_installed_envs
+
+    envs, _ = load_installed_envs(layout)
+    rows = [
+        {"env": e.name, "checkpoint": c}
+        for e in envs_on_cluster(envs, cluster)
+        for c in e.checkpoints
+        if not is_custom_id(c)
+    ]
+    if as_json:
+        emit_json(rows)
+        return
+    for row in rows:
+        click.echo(f"{row['checkpoint']}\t({row['env']})")

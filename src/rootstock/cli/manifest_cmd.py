@@ -1,0 +1,74 @@
+"""``rootstock manifest show|init``."""
+
+from __future__ import annotations
+
+import click
+
+from rootstock.cli.common import emit_json, layout_from, root_options
+
+
+@click.group()
+def manifest():
+    """Show or initialise the install's manifest.json."""
+
+
+@manifest.command()
+@root_options
+@click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
+def show(root, cluster, cache_root, as_json):
+    """Show the manifest (human-readable, or the full JSON)."""
+    from rootstock.install.manifest import load_manifest, served_clusters
+
+    layout = layout_from(root, cluster, cache_root)
+    data = load_manifest(layout)
+    if as_json:
+        emit_json(data)
+        return
+    click.echo(f"manifest: {layout.manifest_file} (schema {data.get('schema_version')})")
+    click.echo(f"clusters: {', '.join(served_clusters(layout, data)) or '-'}")
+    for name, env in sorted(data.get("envs", {}).items()):
+        click.echo(
+            f"{name}: built {env.get('built_at')} python {env.get('python')} "
+            f"torch {env.get('torch') or '-'}"
+        )
+        for checkpoint, entry in sorted(env.get("checkpoints", {}).items()):
+            click.echo(f"  {checkpoint}: fetched {entry.get('fetched_at') or 'no'}")
+            for machine, by_kind in sorted(entry.get("verifications", {}).items()):
+                for kind, record in sorted(by_kind.items()):
+                    click.echo(
+                        f"    {machine}/{kind}: {record.get('state')} at {record.get('at')}"
+                        + (f" ({record['message']})" if record.get("message") else "")
+                    )
+
+
+@manifest.command("init")
+@click.option("--root", type=click.Path(file_okay=False), help="The install root.")
+@click.option("--cache-root", type=click.Path(file_okay=False), help="Override the cache root.")
+@click.option(
+    "--cluster",
+    "clusters",
+    multiple=True,
+    required=True,
+    help="A cluster this install serves. Repeatable.",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Start a fresh manifest (the old file is kept as manifest.json.bak-<time>).",
+)
+@click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def init_manifest(root, cache_root, clusters, force, no_push, as_json):
+    """Create the manifest, or add clusters to it (registry siblings are added too)."""
+    from rootstock.install.manifest import ensure_manifest
+
+    layout = layout_from(root, None, cache_root)
+    result = ensure_manifest(layout, clusters, force=force)
+    if as_json:
+        emit_json(result.to_dict())
+        return
+    doc = result.to_dict()
+    verb = "created" if doc.get("created") else "updated"
+    click.echo(f"{verb} {layout.manifest_file}; clusters: {', '.join(doc['clusters'])}")
+    if doc.get("backup"):
+        click.echo(f"the previous file is kept as {doc['backup']}")

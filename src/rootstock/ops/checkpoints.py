@@ -1,0 +1,62 @@
+"""What add and smoke-test share: which checkpoints apply here, and build references."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rootstock.install.envfile import EnvFile, is_custom_id, source_hash
+from rootstock.install.envs import load_installed_envs
+from rootstock.install.layout import InstallLayout
+from rootstock.ops.status import serves_on
+
+
+def build_ref(layout: InstallLayout, env: EnvFile) -> dict[str, Any]:
+    """The build a worker is about to run: recorded with its verification.
+
+    ``source_hash`` is hashed from the live ``env_source.py`` (the one the worker
+    imports), so verifying a hotfix records it and clears the stale state.
+    """
+    from rootstock.install.build import read_env_metadata
+
+    meta = read_env_metadata(layout, env.name) or {}
+    return {
+        "build_id": meta.get("build_id"),
+        "source_hash": source_hash(env.source),
+        "built_at": meta.get("built_at"),
+        "lock_hash": meta.get("lock_hash"),
+    }
+
+
+def env_versions(layout: InstallLayout, env: EnvFile) -> dict[str, Any]:
+    """Package versions recorded when the env was built (for the fingerprint)."""
+    from rootstock.install.build import read_env_metadata
+
+    return dict((read_env_metadata(layout, env.name) or {}).get("versions") or {})
+
+
+def fetched_checkpoints(
+    layout: InstallLayout,
+    manifest: dict[str, Any],
+    cluster: str,
+    env_filter: str | None = None,
+    checkpoint_filter: str | None = None,
+) -> list[tuple[EnvFile, str]]:
+    """Every fetched, non-custom checkpoint served on ``cluster``, in a stable order.
+
+    A universal env's id that a variant shadows on this cluster is left out: the
+    variant's copy is the one tested and reported here.
+    """
+    envs, _ = load_installed_envs(layout)
+    selected = []
+    for env in envs:
+        if env_filter and env.name != env_filter:
+            continue
+        recorded = manifest.get("envs", {}).get(env.name, {}).get("checkpoints", {})
+        for checkpoint in env.checkpoints:
+            if is_custom_id(checkpoint) or (checkpoint_filter and checkpoint != checkpoint_filter):
+                continue
+            if not (recorded.get(checkpoint) or {}).get("fetched_at"):
+                continue
+            if serves_on(env, checkpoint, cluster, envs):
+                selected.append((env, checkpoint))
+    return selected

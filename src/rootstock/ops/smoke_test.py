@@ -1,0 +1,143 @@
+"""``rootstock smoke-test``: re-verify every fetched checkpoint, recording each result
+the moment it is known.
+
+Each result is one short locked write of its own manifest record, so a run killed
+at its wall-time limit keeps every stamp it reached. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from rootstock.errors import UsageError
+from rootstock.install.layout import InstallLayout
+from rootstock.install.manifest import load_manifest, record_verification, resolve_cluster
+from rootstock.ops.checkpoints import build_ref, env_versions, fetched_checkpoints
+from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, run_verification
+
+
+@dataclass
+class SmokeResult:
+    """One checkpoint's re-verification."""
+
+    env: str
+    checkpoint: str
+    device: str
+    state: str
+    seconds: float
+    message: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.state == "verified"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "checkpoint": self.checkpoint,
+            "device": self.device,
+            "state": self.state,
+            "seconds": round(self.seconds, 3),
+            "message": self.message,
+        }
+
+
+@dataclass
+class SmokeReport:
+    """Every result of one smoke-test run."""
+
+    cluster: str
+    results: list[SmokeResult] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    def to_dict(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for result in self.results:
+            counts[result.state] = counts.get(result.state, 0) + 1
+        return {
+            "cluster": self.cluster,
+            "ok": self.ok,
+            "counts": counts,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+
+def device_slots(device: str, jobs: int) -> list[str]:
+    """One device per concurrent job: ``cuda`` goes round the GPUs ``cuda:0..N-1``."""
+    if device in ("cuda", "xpu") and jobs > 1:
+        return [f"{device}:{i}" for i in range(jobs)]
+    return [device] * jobs
+
+
+def smoke_test(
+    layout: InstallLayout,
+    *,
+    cluster: str | None = None,
+    env: str | None = None,
+    checkpoint: str | None = None,
+    device: str = "cuda",
+    verify_timeout: float = DEFAULT_VERIFY_TIMEOUT,
+    jobs: int = 1,
+    on_start: Callable[[int], None] = lambda _n: None,
+    on_result: Callable[[SmokeResult], None] = lambda _r: None,
+) -> SmokeReport:
+    """Re-verify every fetched checkpoint served on this cluster; never download."""
+    if jobs < 1:
+        raise UsageError("--jobs must be at least 1")
+    manifest = load_manifest(layout)
+    machine = resolve_cluster(layout, cluster, manifest)
+    selected = fetched_checkpoints(layout, manifest, machine, env, checkpoint)
+    report = SmokeReport(machine)
+    on_start(len(selected))
+    slots: queue.Queue[str] = queue.Queue()
+    for slot in device_slots(device, jobs):
+        slots.put(slot)
+    report_lock = threading.Lock()
+
+    def verify_one(item) -> None:
+        env_file, checkpoint_id = item
+        slot = slots.get()
+        try:
+            build = build_ref(layout, env_file)
+            outcome = run_verification(
+                layout,
+                env_file,
+                checkpoint_id,
+                device=slot,
+                kwargs=None,
+                timeout=verify_timeout,
+                versions=env_versions(layout, env_file),
+            )
+        finally:
+            slots.put(slot)
+        record = record_verification(
+            layout, env_file.name, checkpoint_id, machine, outcome.record(build)
+        )
+        result = SmokeResult(
+            env_file.name,
+            checkpoint_id,
+            slot,
+            record["state"],
+            outcome.seconds,
+            record.get("message"),
+        )
+        with report_lock:
+            report.results.append(result)
+            on_result(result)
+
+    if jobs == 1:
+        for item in selected:
+            verify_one(item)
+    else:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for future in [pool.submit(verify_one, item) for item in selected]:
+                future.result()
+    return report

@@ -1,0 +1,184 @@
+"""Verification: one forward pass of a checkpoint on a small reference structure.
+
+The pass runs in a real worker, offline (``HF_HUB_OFFLINE=1``), on the requested
+device. It checks that energy, forces and stress are finite and correctly shaped,
+and returns a *fingerprint* (energy per atom, force norm, stress) that later
+re-verifications are compared with, so a rebuild that silently changes the
+physics shows up as *drifted*.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rootstock.errors import RootstockError
+from rootstock.install.envfile import EnvFile
+from rootstock.install.layout import InstallLayout
+from rootstock.install.manifest import device_kind
+
+DEFAULT_VERIFY_TIMEOUT = 600.0
+
+
+def default_reference() -> dict[str, Any]:
+    """The built-in reference: 8 Cu atoms in a compressed, sheared, rattled fcc cell.
+
+    Compression keeps the energy far from zero (so a 0.1% change is visible), the
+    shear gives a non-trivial stress, and the rattle gives non-zero forces. Metals
+    and general materials models all handle it.
+    """
+    a = 3.45
+    base = [(0, 0, 0), (0, 0.5, 0.5), (0.5, 0, 0.5), (0.5, 0.5, 0)]
+    rattle = [
+        (0.03, -0.02, 0.01),
+        (-0.01, 0.04, -0.03),
+        (0.02, 0.01, -0.04),
+        (-0.03, -0.01, 0.02),
+        (0.01, -0.03, -0.02),
+        (0.04, 0.02, 0.01),
+        (-0.02, 0.03, 0.03),
+        (0.0, -0.04, 0.02),
+    ]
+    cells = [(i, x, y, z) for i in (0, 1) for x, y, z in base]  # two cubic cells along x
+    positions = [
+        ((i + x) * a + dx, y * a + dy, z * a + dz)
+        for (i, x, y, z), (dx, dy, dz) in zip(cells, rattle, strict=True)
+    ]
+    return {
+        "symbols": ["Cu"] * 8,
+        "positions": positions,
+        "cell": [[2 * a, 0.0, 0.0], [0.05, a, 0.0], [0.0, 0.03, a]],
+        "pbc": [True, True, True],
+    }
+
+
+def reference_atoms(env: EnvFile):
+    """The env's ``VERIFY_STRUCTURE`` as ASE Atoms, or the built-in reference."""
+    from ase import Atoms
+
+    spec = env.verify_structure or default_reference()
+    return Atoms(
+        symbols=spec["symbols"],
+        positions=spec["positions"],
+        cell=spec.get("cell"),
+        pbc=spec.get("pbc", spec.get("cell") is not None),
+    )
+
+
+@dataclass
+class VerifyOutcome:
+    """What one verification found (before it is recorded)."""
+
+    checkpoint: str
+    env: str
+    device: str
+    passed: bool
+    seconds: float
+    fingerprint: dict[str, Any] | None = None
+    message: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def record(self, build: dict[str, Any]) -> dict[str, Any]:
+        """The ``result`` dict that :func:`manifest.record_verification` takes."""
+        result: dict[str, Any] = {"passed": self.passed, "device": self.device, "build": build}
+        if self.fingerprint is not None:
+            result["fingerprint"] = self.fingerprint
+        if self.message:
+            result["message"] = self.message
+        return result
+
+
+def run_verification(
+    layout: InstallLayout,
+    env: EnvFile,
+    checkpoint: str,
+    *,
+    device: str,
+    kwargs: dict[str, Any] | None,
+    timeout: float = DEFAULT_VERIFY_TIMEOUT,
+    versions: dict[str, Any] | None = None,
+) -> VerifyOutcome:
+    """Spawn a worker for ``checkpoint`` and check one forward pass.
+
+    ``kwargs`` None means: use the env's ``VERIFY_KWARGS`` entry (explicit kwargs
+    always win). Model errors become a failed outcome, never an exception.
+    """
+    import numpy as np
+
+    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime.spec import WorkerSpec
+
+    used = dict(env.verify_kwargs.get(checkpoint, {})) if kwargs is None else dict(kwargs)
+    atoms = reference_atoms(env)
+    start = time.monotonic()
+    outcome = VerifyOutcome(checkpoint, env.name, device, False, 0.0, kwargs=used)
+    spec = WorkerSpec(
+        layout=layout, checkpoint=checkpoint, env_name=env.name, device=device, setup_kwargs=used
+    )
+    try:
+        with RootstockCalculator.from_spec(spec, timeout=timeout) as calc:
+            atoms.calc = calc
+            energy = float(atoms.get_potential_energy())
+            forces = np.asarray(atoms.get_forces(), dtype=float)
+            periodic = bool(atoms.pbc.all())
+            stress = np.asarray(atoms.get_stress(), dtype=float) if periodic else None
+    except RootstockError as exc:
+        outcome.seconds = time.monotonic() - start
+        outcome.message = _failure_message(exc, env, checkpoint, kwargs)
+        return outcome
+    outcome.seconds = time.monotonic() - start
+    problems = _check_result(energy, forces, stress, len(atoms))
+    if problems:
+        outcome.message = "; ".join(problems)
+        return outcome
+    versions = versions or {}
+    outcome.passed = True
+    outcome.fingerprint = {
+        "energy_per_atom": energy / len(atoms),
+        "force_norm": float(np.linalg.norm(forces)),
+        "stress": [float(s) for s in stress] if stress is not None else None,
+        "natoms": len(atoms),
+        "device_kind": device_kind(device),
+        "torch": versions.get("torch"),
+        "env_versions": {k: v for k, v in versions.items() if v},
+    }
+    return outcome
+
+
+def _check_result(energy, forces, stress, natoms: int) -> list[str]:
+    import numpy as np
+
+    problems = []
+    if not np.isfinite(energy):
+        problems.append(f"energy is not finite ({energy})")
+    if forces.shape != (natoms, 3):
+        problems.append(f"forces have shape {forces.shape}, expected ({natoms}, 3)")
+    elif not np.isfinite(forces).all():
+        problems.append("forces contain non-finite values")
+    if stress is not None:
+        if stress.shape != (6,):
+            problems.append(f"stress has shape {stress.shape}, expected (6,)")
+        elif not np.isfinite(stress).all():
+            problems.append("stress contains non-finite values")
+    return problems
+
+
+def _failure_message(
+    exc: RootstockError, env: EnvFile, checkpoint: str, kwargs: dict[str, Any] | None
+) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    # The model's own last line (e.g. "ValueError: modal is required") says most.
+    last = next(
+        (line.strip() for line in reversed(lines) if "Error" in line or "Exception" in line),
+        lines[0] if lines else str(exc),
+    )
+    message = f"{lines[0]}" if lines else type(exc).__name__
+    if last and last not in message:
+        message += f": {last}"
+    if kwargs is None and checkpoint not in env.verify_kwargs:
+        message += (
+            f" (if {checkpoint} needs a keyword argument, declare it in "
+            f"VERIFY_KWARGS in environments/{env.name}.py)"
+        )
+    return message
