@@ -23,6 +23,7 @@ Without ``--root`` the envs are faked in a temp root whose ``bin/python`` runs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -86,16 +87,38 @@ def null_calculator():
     return module.make_null_calculator()
 
 
-def per_call(atoms, calls: int, repeats: int) -> float:
-    """Best-of-``repeats`` mean seconds per get_forces() on a moved structure."""
-    best = float("inf")
-    for _ in range(repeats):
+def calls_timer(atoms):
+    """A function timing ``calls`` get_forces() on a structure that moves each call."""
+
+    def measure(calls: int) -> float:
         start = time.perf_counter()
         for i in range(calls):
             atoms.positions[0, 0] += 1e-4 if i % 2 else -1e-4
             atoms.get_forces()
-        best = min(best, (time.perf_counter() - start) / calls)
-    return best
+        return (time.perf_counter() - start) / calls
+
+    measure(20)  # warm up (and start the worker, for b)
+    return measure
+
+
+# --- (a) in-process and (b) RootstockCalculator ------------------------------------------
+
+
+@contextlib.contextmanager
+def in_process(natoms: int):
+    atoms = structure(natoms)
+    atoms.calc = null_calculator()
+    yield calls_timer(atoms)
+
+
+@contextlib.contextmanager
+def through_rootstock(natoms: int, root: Path):
+    from rootstock import RootstockCalculator
+
+    with RootstockCalculator(root=root, checkpoint="null", device="cpu") as calc:
+        atoms = structure(natoms)
+        atoms.calc = calc
+        yield calls_timer(atoms)
 
 
 # --- (c) ASE SocketIOCalculator ---------------------------------------------------------
@@ -111,12 +134,14 @@ SocketClient(unixsocket=sys.argv[3]).run(atoms, use_stress=False)
 """
 
 
-def time_socketio(atoms, work: Path, python: str, calls: int, repeats: int) -> float:
+@contextlib.contextmanager
+def through_ase_socketio(natoms: int, work: Path, python: str):
     from ase.calculators.socketio import SocketIOCalculator
     from ase.io import write
 
+    atoms = structure(natoms)
     name = f"rootstock-bench-{uuid.uuid4().hex[:10]}"
-    xyz = work / f"socketio-{len(atoms)}.xyz"
+    xyz = work / f"socketio-{natoms}.xyz"
     write(xyz, atoms, format="extxyz")
     with SocketIOCalculator(unixsocket=name, timeout=120) as calc:
         client = subprocess.Popen(
@@ -125,8 +150,7 @@ def time_socketio(atoms, work: Path, python: str, calls: int, repeats: int) -> f
         )
         try:
             atoms.calc = calc
-            per_call(atoms, 10, 1)
-            return per_call(atoms, calls, repeats)
+            yield calls_timer(atoms)
         finally:
             calc.close()
             client.wait(timeout=30)
@@ -150,7 +174,9 @@ while True:
 """
 
 
-def time_pingpong(natoms: int, python: str, calls: int, repeats: int) -> float:
+@contextlib.contextmanager
+def raw_pingpong(natoms: int, python: str):
+    """The same byte counts as (b) each way, with no parsing at all."""
     request = 12 + 72 + 72 + 4 + 24 * natoms + 12  # POSDATA + GETFORCE
     reply = 12 + 8 + 4 + 24 * natoms + 72 + 4  # FORCEREADY
     run_dir = Path(tempfile.mkdtemp(prefix="rootstock-bench-"))
@@ -162,29 +188,44 @@ def time_pingpong(natoms: int, python: str, calls: int, repeats: int) -> float:
     try:
         conn, _ = server.accept()
         out = bytes(request)
-        buf = bytearray(reply)
-        view = memoryview(buf)
+        view = memoryview(bytearray(reply))
 
-        def once() -> None:
-            conn.sendall(out)
-            got = 0
-            while got < reply:
-                got += conn.recv_into(view[got:])
-
-        for _ in range(20):
-            once()
-        best = float("inf")
-        for _ in range(repeats):
+        def measure(calls: int) -> float:
             start = time.perf_counter()
             for _ in range(calls):
-                once()
-            best = min(best, (time.perf_counter() - start) / calls)
+                conn.sendall(out)
+                got = 0
+                while got < reply:
+                    got += conn.recv_into(view[got:])
+            return (time.perf_counter() - start) / calls
+
+        measure(20)
+        yield measure
         conn.close()
-        return best
     finally:
         server.close()
         peer.wait(timeout=30)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def measure_size(natoms: int, root: Path, work: Path, python: str, calls: int, repeats: int):
+    """Best-of-``repeats`` seconds per call for a-d, measured in turns.
+
+    All four set-ups stay open and take turns, so a change in machine load during
+    the run hits each of them alike.
+    """
+    with contextlib.ExitStack() as stack:
+        timers = {
+            "a": stack.enter_context(in_process(natoms)),
+            "b": stack.enter_context(through_rootstock(natoms, root)),
+            "c": stack.enter_context(through_ase_socketio(natoms, work, python)),
+            "d": stack.enter_context(raw_pingpong(natoms, python)),
+        }
+        best = dict.fromkeys(timers, float("inf"))
+        for _ in range(repeats):
+            for key, measure in timers.items():
+                best[key] = min(best[key], measure(calls))
+    return best
 
 
 # --- time to first energy ----------------------------------------------------------------
@@ -249,37 +290,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few calls and runs (CI)")
     parser.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    parser.add_argument("--root", help="an install with a 'null' and an 'emt' env")
+    parser.add_argument(
+        "--root", help="an install with tests/envs/null_model.py and environments/emt.py"
+    )
     parser.add_argument("--env-python", default=sys.executable)
     args = parser.parse_args()
-
-    from rootstock import RootstockCalculator
 
     work = Path(tempfile.mkdtemp(prefix="rootstock-bench-ipc-"))
     os.environ.setdefault("ROOTSTOCK_CONFIG", str(work / "config.toml"))
     root = Path(args.root) if args.root else fake_root(work, args.env_python)
     calls = {64: 2000, 864: 1000, 4000: 300}
-    repeats, ttfe_runs = 5, 5
+    repeats, ttfe_runs = 7, 5
     if args.quick:
         calls = {n: max(c // 10, 20) for n, c in calls.items()}
-        repeats, ttfe_runs = 2, 1
+        repeats, ttfe_runs = 3, 1
 
     results: dict[str, dict] = {}
     try:
         for natoms in SIZES:
-            n, row = calls[natoms], {}
-            atoms = structure(natoms)
-            atoms.calc = null_calculator()
-            per_call(atoms, 20, 1)
-            row["a"] = per_call(atoms, n, repeats)
-            with RootstockCalculator(root=root, checkpoint="null", device="cpu") as calc:
-                atoms = structure(natoms)
-                atoms.calc = calc
-                per_call(atoms, 20, 1)
-                row["b"] = per_call(atoms, n, repeats)
-            row["c"] = time_socketio(structure(natoms), work, args.env_python, n, repeats)
-            row["d"] = time_pingpong(natoms, args.env_python, n, repeats)
-            results[str(natoms)] = {k: v * 1e6 for k, v in row.items()}  # microseconds
+            best = measure_size(natoms, root, work, args.env_python, calls[natoms], repeats)
+            results[str(natoms)] = {k: v * 1e6 for k, v in best.items()}  # microseconds
         ours, bare = first_energy(root, ttfe_runs)
         results["first_energy"] = {"rootstock_s": ours, "bare_s": bare}
     finally:

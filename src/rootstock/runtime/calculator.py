@@ -56,7 +56,9 @@ def info_json(info: dict[str, Any]) -> str:
 
 def is_3d_periodic(atoms: Any) -> bool:
     """True for a cell that is periodic in all three directions with three vectors."""
-    return bool(atoms.pbc.all()) and atoms.cell.rank == 3
+    # Written out because Cell.rank costs more than the rest of a call's bookkeeping.
+    a, b, c = atoms.cell.array
+    return bool(atoms.pbc.all() and a.any() and b.any() and c.any())
 
 
 class RootstockCalculator(Calculator):

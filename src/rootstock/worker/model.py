@@ -92,7 +92,7 @@ class ModelRunner:
         self.lenient_stress = False
         self._direct = _is_plain_ase_calculator(calc)
         self._fresh = True
-        self._last_cell: np.ndarray | None = None
+        self._last_cell: bytes | None = None
 
     @property
     def ready(self) -> bool:
@@ -154,7 +154,8 @@ class ModelRunner:
         changes = self._changes(cell)
         atoms.cell[:] = cell
         atoms.positions[:] = positions
-        stress_wanted = self.want_stress and atoms.cell.rank == 3
+        a, b, c = atoms.cell.array
+        stress_wanted = self.want_stress and bool(a.any() and b.any() and c.any())
         results = self._direct_results(changes, stress_wanted) if self._direct else None
         if results is None:
             energy = atoms.get_potential_energy()
@@ -171,14 +172,15 @@ class ModelRunner:
     def _changes(self, cell: np.ndarray) -> list[str]:
         from ase.calculators.calculator import all_changes
 
+        key = np.asarray(cell, dtype=np.float64).tobytes()
         if self._fresh or self._last_cell is None:
             self._fresh = False
             changes = list(all_changes)
-        elif np.array_equal(cell, self._last_cell):
+        elif key == self._last_cell:
             changes = ["positions"]
         else:
             changes = ["positions", "cell"]
-        self._last_cell = np.array(cell, dtype=np.float64)
+        self._last_cell = key
         return changes
 
     def _direct_results(self, changes: list[str], stress_wanted: bool) -> tuple | None:
