@@ -18,7 +18,9 @@ from ase.calculators.emt import EMT
 
 import rootstock
 from rootstock import RootstockCalculator
-from rootstock.errors import WorkerError
+from rootstock.errors import WorkerError, WorkerTimeout
+
+from .conftest import SAMPLE_EMT, build_fake_root
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(180)]
 
@@ -297,3 +299,34 @@ def test_a_forked_child_gets_its_own_worker_and_leaves_the_parents_alone(fake_bu
         atoms.positions[0, 0] += 0.01
         assert atoms.get_potential_energy() == pytest.approx(emt_energy(atoms), abs=1e-10)
         assert calc.worker_pid == parent_worker
+
+
+def test_a_stuck_calculation_times_out_and_the_next_call_recovers(fake_built_root):
+    atoms = cu()
+    with RootstockCalculator(
+        root=fake_built_root, checkpoint="charge-emt", device="cpu", timeout=3
+    ) as calc:
+        atoms.calc = calc
+        atoms.get_potential_energy()
+        stuck = calc.worker_pid
+        atoms.info["sleep"] = 60
+        started = time.monotonic()
+        with pytest.raises(WorkerTimeout, match="did not answer within 3 s"):
+            atoms.get_potential_energy()
+        assert time.monotonic() - started < 20
+        assert wait_gone(stuck, 10)
+        del atoms.info["sleep"]
+        assert atoms.get_potential_energy() == pytest.approx(emt_energy(atoms), abs=1e-10)
+
+
+def test_a_worker_that_dies_before_connecting_is_reported(tmp_path):
+    root = build_fake_root(tmp_path / "root", {"emt": SAMPLE_EMT})
+    python = root / "envs" / "emt" / "bin" / "python"
+    python.write_text("#!/bin/sh\necho 'the env interpreter is broken' >&2\nexit 7\n")
+    with RootstockCalculator(root=root, checkpoint="emt", device="cpu", timeout=30) as calc:
+        atoms = cu()
+        atoms.calc = calc
+        with pytest.raises(rootstock.WorkerDiedError) as caught:
+            atoms.get_potential_energy()
+    assert caught.value.exit_code == 7
+    assert "the env interpreter is broken" in caught.value.output_tail
