@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -207,3 +208,35 @@ def test_ipi_runs_10_md_steps_against_rootstock_serve(fake_built_root, tmp_path)
     # NVE with forces consistent with the energy: the conserved quantity moves far
     # less than the potential energy does.
     assert np.ptp(rows[:, 1]) < 0.1 * np.ptp(rows[:, 3])
+
+
+def children_of(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return [int(p) for p in fh.read().split()]
+
+
+@pytest.mark.parametrize(("signum", "exit_code"), [(signal.SIGTERM, 1), (signal.SIGINT, 130)])
+def test_signals_to_serve_reach_the_worker(fake_built_root, tmp_path, signum, exit_code):
+    _, structure = start_structure(tmp_path)
+    log = tmp_path / "serve.log"
+    nowhere = tmp_path / "no-server-here.sock"
+    with (
+        open(log, "wb") as out,
+        process_group(
+            serve_argv(fake_built_root, str(nowhere), structure),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        ) as serve,
+    ):
+        deadline = time.monotonic() + 120
+        while "waiting for a server" not in log.read_text():
+            assert serve.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        (worker,) = children_of(serve.pid)
+        serve.send_signal(signum)
+        assert serve.wait(timeout=30) == exit_code, log.read_text()
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{worker}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{worker}")
