@@ -79,14 +79,17 @@ def own_root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def runtime_isolation(monkeypatch, tmp_path_factory, fake_built_root: Path):
-    """Private compiler caches and a registry that knows the test cluster.
+    """Private compiler caches, no user config, and a registry with the test cluster.
 
     Runtime test modules opt in with ``pytestmark = pytest.mark.usefixtures(...)``.
     """
-    registry = tmp_path_factory.getbasetemp() / "clusters.toml"
-    if not registry.exists():
-        registry.write_text(f'[clusters.{TEST_CLUSTER}]\nroot = "{fake_built_root}"\n')
+    private = tmp_path_factory.getbasetemp() / "runtime-isolation"
+    private.mkdir(exist_ok=True)
+    registry = private / "clusters.toml"
+    registry.write_text(f'[clusters.{TEST_CLUSTER}]\nroot = "{fake_built_root}"\n')
     monkeypatch.setenv("ROOTSTOCK_CLUSTERS_FILE", str(registry))
+    # Other tests run `rootstock init`, which records a root in the session config.
+    monkeypatch.setenv("ROOTSTOCK_CONFIG", str(private / "no-config.toml"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "user-cache"))
     monkeypatch.delenv("ROOTSTOCK_WORKER_LOG", raising=False)
     monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
