@@ -116,6 +116,11 @@ def install(
 
 
 def _prepare_root(layout: InstallLayout, cluster: str | None) -> None:
+    from rootstock.install.manifest import load_manifest
+
+    # Refuse an untrusted manifest before building: a build swapped in but never
+    # recorded would leave the old verifications looking current (not stale).
+    load_manifest(layout)
     for directory in (
         layout.environments_dir,
         layout.envs_dir,
