@@ -95,6 +95,8 @@ def test_maintainer_flow_on_emt(scratch_root: Path):
     code, summary = smoke_json(root)
     assert code == 0 and summary["counts"] == {"verified": 1}
     assert cell(root, "emt", "emt")["state"] == "verified"
+    # smoke-test forces umask 002 as add and install do, whatever the caller's umask.
+    assert (root / "manifest.json").stat().st_mode & 0o777 == 0o664
 
     hotfix(root, "emt", lambda src: src + "\n# hotfix: a maintainer's in-place edit\n")
     doc = status_json(root)

@@ -18,6 +18,7 @@ from rootstock.errors import UsageError
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import load_manifest, record_verification, resolve_cluster
 from rootstock.ops.checkpoints import build_ref, env_versions, fetched_checkpoints
+from rootstock.ops.install import maintainer_umask
 from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, run_verification
 
 
@@ -133,11 +134,13 @@ def smoke_test(
             report.results.append(result)
             on_result(result)
 
-    if jobs == 1:
-        for item in selected:
-            verify_one(item)
-    else:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for future in [pool.submit(verify_one, item) for item in selected]:
-                future.result()
+    # Like add and install: the manifest it rewrites must stay group-writable.
+    with maintainer_umask():
+        if jobs == 1:
+            for item in selected:
+                verify_one(item)
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                for future in [pool.submit(verify_one, item) for item in selected]:
+                    future.result()
     return report
