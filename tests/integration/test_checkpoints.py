@@ -153,8 +153,11 @@ def test_drift_is_caught_and_only_accept_drift_resets_it(scratch_root: Path, tmp
     assert cell(root, "scaled", "scaled-emt")["state"] == "verified"
 
 
-def test_download_hook_fetches_then_verify_runs_offline(scratch_root: Path, tmp_path: Path):
+def test_download_hook_fetches_then_verify_runs_offline(
+    scratch_root: Path, tmp_path: Path, monkeypatch
+):
     root = scratch_root
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the caller's own setting
     with weights_server(scale=2.0) as server:
         hooks = DOWNLOAD_HOOKS.format(url=server.url)
         install(root, write_env(tmp_path / "src", "fetching", ["fetch-emt"], body=hooks))
