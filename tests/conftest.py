@@ -77,8 +77,12 @@ def shared_uv_cache(session_dir: Path) -> Path:
 
 
 def make_root(path: Path, uv_cache: Path, cluster: str = "testbox") -> Path:
-    """An initialised install root whose uv cache is the session's shared one."""
-    env = {**os.environ}
+    """An initialised install root whose uv cache is the session's shared one.
+
+    init records its root and cluster in the user's config; here that goes to a
+    throwaway file, so no test's cluster leaks into another's resolution.
+    """
+    env = {**os.environ, "ROOTSTOCK_CONFIG": str(path.parent / f".{path.name}-config.toml")}
     subprocess.run(
         [*ROOTSTOCK, "init", "--root", str(path), "--cluster", cluster, "--yes"],
         check=True,

@@ -1,10 +1,11 @@
 """Fixtures for the runtime tests: built roots, cluster registry, process teardown.
 
-``fake_built_root`` stands in for real uv-built envs: each env directory holds the
-env file as ``env_source.py`` and a ``bin/python`` that execs the dev venv's
-interpreter (which has rootstock, ase and numpy). It costs milliseconds, so the
-runtime tests stay fast; the session fixtures in tests/conftest.py build real envs
-with uv, and swapping them in only changes ``build_fake_root`` below.
+``fake_built_root`` (the name is historical) is a real root: every runtime test env
+is built by real uv with ``rootstock install``, once per session, sharing the
+session's uv cache. ``build_fake_root`` remains only for the two tests that need
+no working env at all (a resolution error raised before any spawn, and a
+deliberately broken interpreter); it is a FAKE: env_source.py plus a shell
+``bin/python`` that execs the test runner's interpreter.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from rootstock.install.layout import write_layout
+from tests.conftest import copy_env, make_root, run_rootstock
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_ENVS = REPO / "tests" / "envs"
@@ -62,19 +64,40 @@ def build_fake_root(root: Path, envs: dict[str, Path]) -> Path:
     return root
 
 
-@pytest.fixture(scope="session")
-def fake_built_root(tmp_path_factory) -> Path:
-    """A shared root with every runtime test env; tests must not modify it.
+def build_real_root(root: Path, envs: dict[str, Path], uv_cache: Path) -> Path:
+    """A root whose envs are built by real uv (one directory install).
 
-    Stand-in for real uv-built envs (see the module docstring).
+    ``custom-no-hook`` cannot pass the install lint (a ``:custom`` id without
+    setup_from_path), which is the point: it stands for a built env whose
+    env_source.py lost the hook in a bad hotfix. It is made exactly that way, as a
+    copy of the built EMT env with its env_source.py replaced.
     """
-    return build_fake_root(tmp_path_factory.mktemp("fake-root") / "root", RUNTIME_ENVS)
+    make_root(root, uv_cache, cluster=TEST_CLUSTER)
+    staging = root.parent / f"{root.name}-env-files"
+    for name, env_file in envs.items():
+        if name != "custom-no-hook":
+            copy_env(env_file, staging, name)
+    run_rootstock("install", staging, "--root", root, timeout=1800)
+    if "custom-no-hook" in envs:
+        source = (root / "envs" / "emt").resolve()
+        target = root / "envs" / "custom-no-hook"
+        subprocess.run(["cp", "-al", str(source), str(target)], check=True, timeout=300)
+        (target / "env_source.py").unlink()  # a hard link: never write through it
+        shutil.copyfile(envs["custom-no-hook"], target / "env_source.py")
+    return root
+
+
+@pytest.fixture(scope="session")
+def fake_built_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
+    """A shared root with every runtime test env, built by real uv; never modified."""
+    return build_real_root(tmp_path_factory.mktemp("runtime") / "root", RUNTIME_ENVS,
+                           shared_uv_cache)
 
 
 @pytest.fixture
-def own_root(tmp_path: Path) -> Path:
-    """A private root for a test that edits envs (hotfixes)."""
-    return build_fake_root(tmp_path / "root", {"emt": SAMPLE_EMT})
+def own_root(tmp_path: Path, shared_uv_cache: Path) -> Path:
+    """A private real root for a test that edits envs (hotfixes)."""
+    return build_real_root(tmp_path / "root", {"emt": SAMPLE_EMT}, shared_uv_cache)
 
 
 @pytest.fixture
