@@ -63,7 +63,7 @@ def add(
     """
     from rootstock.errors import UsageError
     from rootstock.ops.add import add as run_add
-    from rootstock.ops.add import parse_kwargs
+    from rootstock.ops.kwargs import parse_kwargs
 
     layout = layout_from(root, cluster, cache_root)
     if list_only:
@@ -71,6 +71,10 @@ def add(
         return
     if not checkpoint:
         raise UsageError("missing CHECKPOINT", hint="`rootstock add --list` shows the ids")
+    if not no_perm_check:
+        from rootstock.cli.perms_cmd import warn_about_perms
+
+        warn_about_perms(layout)
     with progress(enabled=not as_json) as step:
         result = run_add(
             layout,

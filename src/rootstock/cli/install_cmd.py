@@ -61,6 +61,10 @@ def install(
     from rootstock.ops.install import install as run_install
 
     layout = layout_from(root, cluster, cache_root)
+    if not no_perm_check:
+        from rootstock.cli.perms_cmd import warn_about_perms
+
+        warn_about_perms(layout)
     options = BuildOptions(
         upgrade=upgrade, find_links=list(find_links), constraints=list(constraints), verbose=verbose
     )

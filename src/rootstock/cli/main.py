@@ -29,6 +29,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Re-verify every fetched checkpoint.",
     ),
     "manifest": ("rootstock.cli.manifest_cmd", "manifest", "Show or initialise manifest.json."),
+    "setup-perms": (
+        "rootstock.cli.perms_cmd",
+        "setup_perms",
+        "Make an install world-readable, writable by its group.",
+    ),
+    "check-perms": (
+        "rootstock.cli.perms_cmd",
+        "check_perms",
+        "Check that other users can use an install.",
+    ),
 }
 
 

@@ -1,0 +1,128 @@
+"""``setup-perms`` and ``check-perms``: plan, apply and verify the permission recipe."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rootstock.errors import LayoutError
+from rootstock.install.layout import InstallLayout, resolve_cache_root, resolve_root
+from rootstock.install.perms import PermCommand, PermRecipe, build_recipe
+from rootstock.install.perms_check import PermReport, check_perms
+
+_OUTPUT_TAIL = 4000
+
+
+@dataclass(frozen=True)
+class CommandRun:
+    """One recipe command as it ran."""
+
+    command: PermCommand
+    returncode: int
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+@dataclass
+class SetupResult:
+    """What ``setup-perms --apply`` ran, where it stopped, and what the check found."""
+
+    recipe: PermRecipe
+    ran: list[CommandRun] = field(default_factory=list)
+    not_run: list[PermCommand] = field(default_factory=list)
+    report: PermReport | None = None
+
+    @property
+    def failed(self) -> CommandRun | None:
+        return next((r for r in self.ran if not r.ok), None)
+
+    @property
+    def ok(self) -> bool:
+        return self.failed is None and self.report is not None and self.report.ok
+
+
+def resolve_for_perms(
+    root: str | None, cluster: str | None, cache_root: str | None
+) -> InstallLayout:
+    """Both roots, where neither need exist yet (setup-perms runs before init).
+
+    A ``layout.json`` that the caller cannot read is itself a permission problem
+    for check-perms to report, so it falls back to the cache-root override, or
+    the root itself, rather than failing.
+    """
+    resolved = resolve_root(root, cluster)
+    try:
+        cache = resolve_cache_root(resolved, cache_root, cluster)
+    except LayoutError:
+        if os.access(resolved / "layout.json", os.R_OK):
+            raise
+        cache = Path(cache_root).expanduser().absolute() if cache_root else resolved
+    return InstallLayout(resolved, cache)
+
+
+def plan_setup(
+    layout: InstallLayout,
+    group: str,
+    retrofit: bool = False,
+    usage_dir: str | None = None,
+    no_usage_spool: bool = False,
+) -> PermRecipe:
+    """The recipe for ``layout``; nothing is changed."""
+    return build_recipe(layout, group, retrofit, usage_dir, no_usage_spool)
+
+
+def run_perm_command(command: PermCommand) -> CommandRun:
+    """Run one recipe command (the only place setup-perms starts a process)."""
+    env = {**os.environ, "LC_ALL": "C"}
+    try:
+        proc = subprocess.run(
+            list(command.argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            check=False,
+        )
+    except OSError as exc:
+        # A missing setfacl (the acl package) is the common case here.
+        return CommandRun(command, 127, f"{command.argv[0]}: {exc.strerror}")
+    return CommandRun(command, proc.returncode, proc.stdout[-_OUTPUT_TAIL:])
+
+
+def apply_setup(
+    recipe: PermRecipe,
+    layout: InstallLayout,
+    on_command: Callable[[PermCommand], None] = lambda _c: None,
+    runner: Callable[[PermCommand], CommandRun] = run_perm_command,
+) -> SetupResult:
+    """Run the recipe in order, stop at the first failure, then check the result.
+
+    The commands run with umask 002, so whatever ``mkdir -p`` creates above the
+    roots is world-traversable.
+    """
+    result = SetupResult(recipe)
+    previous = os.umask(0o002)
+    try:
+        for index, command in enumerate(recipe.commands):
+            on_command(command)
+            run = runner(command)
+            result.ran.append(run)
+            if not run.ok:
+                result.not_run = list(recipe.commands[index + 1 :])
+                break
+    finally:
+        os.umask(previous)
+    result.report = check_perms(layout, recipe.group, full=True)
+    return result
+
+
+def check(layout: InstallLayout, group: str | None = None, full: bool = True) -> PermReport:
+    """The read-only check (``full`` for check-perms, quick for install's warning)."""
+    return check_perms(layout, group, full=full)
