@@ -2,30 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import click
 
 from rootstock.cli.common import root_options
-from rootstock.errors import UsageError
-
-
-def parse_kwarg_pairs(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs to a dict; each value is JSON if it parses, else a string."""
-    kwargs: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(
-                f"--kwarg {pair!r} is not KEY=VALUE", hint="write e.g. --kwarg task=omat"
-            )
-        try:
-            kwargs[key] = json.loads(text)
-        except ValueError:
-            kwargs[key] = text
-    return kwargs
+from rootstock.ops.kwargs import parse_kwargs
 
 
 @click.command()
@@ -92,7 +72,7 @@ def serve(
         cluster=cluster,
         cache_root=cache_root,
         device=device,
-        setup_kwargs=parse_kwarg_pairs(kwarg_pairs),
+        setup_kwargs=parse_kwargs(kwarg_pairs) or {},
         weights=weights,
         structure=structure,
         connect_timeout=connect_timeout,

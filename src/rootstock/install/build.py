@@ -40,8 +40,6 @@ _VERSIONS_PROBE = (
     "        return metadata.version(name)\n"
     "    except metadata.PackageNotFoundError:\n"
     "        return None\n"
-    "import py_compile\n"
-    "py_compile.compile(sys.argv[1], doraise=True)\n"
     "import numpy, ase, rootstock\n"
     "print(json.dumps({'python': '%d.%d.%d' % sys.version_info[:3], 'torch': v('torch'),"
     " 'ase': v('ase'), 'numpy': v('numpy'), 'rootstock': v('rootstock')}))\n"
@@ -250,8 +248,6 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
     (staging / "env_source.py").write_text(env.source)
     if lock_text is not None:
         (staging / "env_source.py.lock").write_text(lock_text)
-    # The probe also compiles env_source.py: workers on a read-only shared
-    # filesystem cannot write bytecode, so the env ships it.
     versions = _probe_versions(layout, staging, env.name)
     metadata = {
         "name": env.name,
