@@ -139,6 +139,10 @@ def warn_about_perms(layout) -> None:
     )
     for problem in report.problems:
         click.echo(f"  {problem.path}: {problem.message} (fix: {problem.fix})", err=True)
+    click.echo(
+        f"  or apply the whole recipe: rootstock setup-perms {layout.root} --group GROUP --apply",
+        err=True,
+    )
 
 
 def _print_problems(problems, err: bool = True) -> None:
