@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "check_perms",
         "Check that other users can use an install.",
     ),
+    "usage": ("rootstock.cli.usage_cmd", "usage", "Report and compact anonymous usage records."),
 }
 
 

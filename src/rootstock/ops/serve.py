@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rootstock.errors import UsageError, WorkerError
+from rootstock.install.usage import start_session_usage
 from rootstock.runtime.session import describe_exit
 from rootstock.runtime.spawn import spawn_worker
 from rootstock.runtime.spec import resolve_worker_spec
@@ -83,6 +84,12 @@ def serve(
         output="stderr",
         connect_timeout=connect_timeout,
     )
+    # The worker talks to the i-PI server directly: rootstock never sees the force
+    # calls, so the record has none (force_calls null).
+    usage = start_session_usage(
+        spec.layout.usage_dir, spec.env_name, spec.checkpoint, spec.device, "serve"
+    )
+    usage.force_calls, usage.connected = None, True
     with _forward_sigterm(process.pid):
         try:
             code = process.popen.wait()
@@ -95,6 +102,7 @@ def serve(
         finally:
             process.stop(grace=0.0)
             process.cleanup()
+            usage.finish()
     if code != 0:
         raise WorkerError(
             f"the worker for {checkpoint!r} {describe_exit(code)}",

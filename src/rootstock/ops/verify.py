@@ -17,6 +17,7 @@ from rootstock.errors import RootstockError
 from rootstock.install.envfile import EnvFile
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import device_kind
+from rootstock.install.usage import entry_point
 
 DEFAULT_VERIFY_TIMEOUT = 600.0
 
@@ -117,7 +118,7 @@ def run_verification(
         layout=layout, checkpoint=checkpoint, env_name=env.name, device=device, setup_kwargs=used
     )
     try:
-        with RootstockCalculator.from_spec(spec, timeout=timeout) as calc:
+        with entry_point("verify"), RootstockCalculator.from_spec(spec, timeout=timeout) as calc:
             atoms.calc = calc
             energy = float(atoms.get_potential_energy())
             forces = np.asarray(atoms.get_forces(), dtype=float)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from rootstock.errors import ProtocolError, WorkerDiedError, WorkerError, WorkerTimeout
+from rootstock.install.usage import SessionUsage, current_entry_point, start_session_usage
 from rootstock.runtime.protocol import (
     EXIT,
     GETFORCE,
@@ -70,6 +71,14 @@ class WorkerSession:
         self._sent_key: tuple | None = None
         self._posdata = PosDataEncoder()
         self._finalizer: weakref.finalize | None = None
+        # Counted per calculation, recorded (if the spool allows) when the session ends.
+        self.usage: SessionUsage = start_session_usage(
+            spec.layout.usage_dir,
+            spec.env_name,
+            spec.checkpoint,
+            spec.device,
+            current_entry_point(),
+        )
         # A forked child inherits the connection but must never use or stop the
         # parent's worker.
         self.owner_pid = os.getpid()
@@ -109,13 +118,16 @@ class WorkerSession:
             raise
         self.process, self._listener = process, listener
         # If the user never closes the calculator, the worker still goes at exit.
-        self._finalizer = weakref.finalize(self, _reap, process, listener, self.owner_pid)
+        self._finalizer = weakref.finalize(
+            self, _reap, process, listener, self.owner_pid, self.usage
+        )
         try:
             conn = listener.accept(self.timeout, on_wait=self._check_alive)
         except BaseException:
             self.close(graceful=False)
             raise
         self.stream = FrameStream(conn, peer=f"worker {process.pid}")
+        self.usage.connected = True
         log.info("worker %d started for %s (env %s)", process.pid, spec.checkpoint, spec.env_name)
         return self
 
@@ -193,6 +205,7 @@ class WorkerSession:
                 if reply.phase == "setup"
                 else None,
             )
+        self.usage.force_calls += 1
         return reply
 
     def close(self, graceful: bool = True) -> None:
@@ -226,6 +239,7 @@ class WorkerSession:
         self._listener = None
 
     def _teardown(self) -> None:
+        self.usage.finish()
         if self.stream is not None:
             self.stream.close()
             self.stream = None
@@ -237,9 +251,12 @@ class WorkerSession:
             self._finalizer = None
 
 
-def _reap(process: WorkerProcess, listener: WorkerListener, owner_pid: int) -> None:
+def _reap(
+    process: WorkerProcess, listener: WorkerListener, owner_pid: int, usage: SessionUsage
+) -> None:
     if os.getpid() != owner_pid:
         return  # a forked child: the worker belongs to the parent
+    usage.finish()
     # The connection is already gone with the session, so the worker sees EOF and
     # exits on its own; the kill only covers one stuck in the model.
     process.stop(grace=1.0)

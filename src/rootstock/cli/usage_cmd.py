@@ -1,0 +1,76 @@
+"""``rootstock usage report | compact | push``: the anonymous usage statistics."""
+
+from __future__ import annotations
+
+import click
+
+from rootstock.cli.common import console, emit_json, layout_from, root_options, table, warn
+
+
+@click.group("usage")
+def usage() -> None:
+    """Aggregate the anonymous usage records of an install (docs/usage-statistics.md)."""
+
+
+@usage.command("report")
+@root_options
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--since", metavar="YYYY-MM", help="Only months from this one on.")
+def report(root, cluster, cache_root, as_json, since):
+    """Distinct users, sessions and force calls by month, env and checkpoint."""
+    from rootstock.ops.usage import check_month, usage_report
+
+    check_month(since)
+    result = usage_report(layout_from(root, cluster, cache_root), since=since)
+    if as_json:
+        emit_json(result)
+        return
+    if result["unreadable_records"]:
+        warn(f"{result['unreadable_records']} record(s) could not be read and were skipped")
+    if not result["rows"]:
+        click.echo(f"no usage recorded in {result['spool']}")
+        return
+    tab = table(
+        f"usage in {result['spool']}",
+        ["month", "env", "checkpoint", "users", "sessions", "force calls"],
+    )
+    for row in result["rows"]:
+        tab.add_row(
+            row["month"],
+            row["env"],
+            row["checkpoint"],
+            str(row["users"]),
+            str(row["sessions"]),
+            str(row["force_calls"]),
+        )
+    totals = result["totals"]
+    tab.add_row(
+        "total", "", "", str(totals["users"]), str(totals["sessions"]), str(totals["force_calls"])
+    )
+    console().print(tab)
+
+
+@usage.command("compact")
+@root_options
+def compact(root, cluster, cache_root):
+    """Fold raw records into monthly rollups and delete the folded records."""
+    from rootstock.ops.usage import compact as run_compact
+
+    result = run_compact(layout_from(root, cluster, cache_root))
+    click.echo(
+        f"folded {result.folded} record(s) into {len(result.months)} month(s); "
+        f"deleted {result.deleted}"
+    )
+    if result.undeletable:
+        warn(
+            f"{len(result.undeletable)} folded record(s) could not be deleted (run compact as "
+            "the spool's owner); they are listed in the rollups and never counted twice"
+        )
+
+
+@usage.command("push")
+def push():
+    """Send the aggregated counts to the dashboard (not available yet)."""
+    from rootstock.ops.usage import push as run_push
+
+    run_push()
