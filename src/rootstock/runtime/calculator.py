@@ -98,10 +98,7 @@ class RootstockCalculator(Calculator):
         timeout: float | None = DEFAULT_TIMEOUT,
         weights: str | os.PathLike | None = None,
     ) -> None:
-        super().__init__()
-        if timeout is not None and not timeout > 0:
-            raise UsageError("timeout must be a positive number of seconds, or None")
-        self.spec: WorkerSpec = resolve_worker_spec(
+        spec = resolve_worker_spec(
             checkpoint,
             root=root,
             cluster=cluster,
@@ -110,19 +107,7 @@ class RootstockCalculator(Calculator):
             setup_kwargs=setup_kwargs,
             weights=weights,
         )
-        self.timeout = timeout
-        self.parameters.update(
-            checkpoint=checkpoint,
-            env=self.spec.env_name,
-            device=device,
-            setup_kwargs=self.spec.setup_kwargs,
-            weights=str(self.spec.weights) if self.spec.weights else None,
-        )
-        self._session: WorkerSession | None = None
-        self._info_json = "{}"
-        # Once stress was asked for, keep computing it (3-D periodic cells only), so a
-        # cell filter's get_forces() + get_stress() pair costs one round trip.
-        self._stress_requested = False
+        self._bind(spec, timeout)
 
     @classmethod
     def from_spec(cls, spec: WorkerSpec, timeout: float | None = DEFAULT_TIMEOUT):
@@ -131,23 +116,28 @@ class RootstockCalculator(Calculator):
         Verification uses this: ``add`` and ``smoke-test`` have already chosen the
         env (a cluster variant, say), so nothing is resolved a second time.
         """
+        calc = cls.__new__(cls)
+        calc._bind(spec, timeout)
+        return calc
+
+    def _bind(self, spec: WorkerSpec, timeout: float | None) -> None:
+        Calculator.__init__(self)
         if timeout is not None and not timeout > 0:
             raise UsageError("timeout must be a positive number of seconds, or None")
-        calc = cls.__new__(cls)
-        Calculator.__init__(calc)
-        calc.spec = spec
-        calc.timeout = timeout
-        calc.parameters.update(
+        self.spec: WorkerSpec = spec
+        self.timeout = timeout
+        self.parameters.update(
             checkpoint=spec.checkpoint,
             env=spec.env_name,
             device=spec.device,
             setup_kwargs=spec.setup_kwargs,
             weights=str(spec.weights) if spec.weights else None,
         )
-        calc._session = None
-        calc._info_json = "{}"
-        calc._stress_requested = False
-        return calc
+        self._session: WorkerSession | None = None
+        self._info_json = "{}"
+        # Once stress was asked for, keep computing it (3-D periodic cells only), so a
+        # cell filter's get_forces() + get_stress() pair costs one round trip.
+        self._stress_requested = False
 
     # --- worker lifecycle -------------------------------------------------------------
 
