@@ -245,6 +245,7 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
     )
 
     step("checking the env")
+    _close_world_writable_locks(staging)
     (staging / "env_source.py").write_text(env.source)
     if lock_text is not None:
         (staging / "env_source.py.lock").write_text(lock_text)
@@ -262,6 +263,15 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
     }
     atomic_write_json(staging / ENV_METADATA, metadata)
     return BuildResult(env.name, staging, lock_text, metadata, warnings)
+
+
+def _close_world_writable_locks(env_dir: Path) -> None:
+    # uv leaves empty ``.lock`` files with mode 0666 in the venv; a shared install
+    # must have nothing that every user can write.
+    for lock in env_dir.rglob(".lock"):
+        mode = lock.lstat().st_mode
+        if lock.is_file() and mode & 0o002:
+            lock.chmod(mode & 0o775)
 
 
 def _probe_versions(layout: InstallLayout, staging: Path, name: str) -> dict:
