@@ -1,0 +1,350 @@
+"""Usage records from real sessions, under real users (runs as root for those tests).
+
+Sessions run as separate processes under three real accounts (``setpriv
+--reuid``), so the salted user hash comes from each process's own uid, as it does
+on a cluster. The install lives under /srv, not under pytest's temp dir:
+/tmp/pytest-of-root is 0700, so no other account could reach anything below it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import random
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rootstock.install.layout import InstallLayout
+from rootstock.install.usage import DISABLE_ENV, SALT_NAME, read_records, user_hash
+from rootstock.ops.usage import tally_records
+from tests.conftest import ROOTSTOCK, make_root, run_rootstock
+
+REPO = Path(__file__).resolve().parents[2]
+EMT_ENV = REPO / "environments" / "emt.py"
+USERS = ("rsusage1", "rsusage2", "rsusage3")
+FORCE_CALLS = 3
+
+pytestmark = pytest.mark.timeout(900)
+
+needs_accounts = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("setpriv", "useradd", "userdel")),
+    reason="runs sessions under real accounts: needs root, setpriv and useradd",
+)
+
+# Each session: a few force calls on a rattled Cu cell, energies printed as JSON.
+SESSION = """
+import json, sys
+from ase.build import bulk
+from rootstock import RootstockCalculator
+atoms = bulk("Cu", cubic=True).repeat((2, 1, 1))
+energies = []
+with RootstockCalculator("emt", root=sys.argv[1], device="cpu", timeout=300) as calc:
+    atoms.calc = calc
+    for i in range(int(sys.argv[2])):
+        atoms.positions[0, 0] += 0.01
+        energies.append(atoms.get_potential_energy())
+print(json.dumps(energies))
+"""
+
+
+def reference_energies(n: int) -> list[float]:
+    """The same calculation in-process with ASE's EMT."""
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+
+    atoms = bulk("Cu", cubic=True).repeat((2, 1, 1))
+    atoms.calc = EMT()
+    energies = []
+    for _ in range(n):
+        atoms.positions[0, 0] += 0.01
+        energies.append(atoms.get_potential_energy())
+    return energies
+
+
+def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=check)
+
+
+@pytest.fixture(scope="module")
+def accounts() -> Iterator[tuple[str, ...]]:
+    """Three ordinary accounts, created idempotently and removed afterwards."""
+    for user in USERS:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            _sh("useradd", "-m", "-s", "/bin/sh", user)
+    yield USERS
+    for user in USERS:
+        _sh("userdel", "-r", user, check=False)
+
+
+def session_as(user: str, root: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start one calculator session as ``user`` (its own uid, gid and home)."""
+    entry = pwd.getpwnam(user)
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": entry.pw_dir,
+        "USER": user,
+        "LOGNAME": user,
+        "ROOTSTOCK_CONFIG": f"{entry.pw_dir}/rootstock-config.toml",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **(extra_env or {}),
+    }
+    argv = [
+        "setpriv",
+        f"--reuid={entry.pw_uid}",
+        f"--regid={entry.pw_gid}",
+        "--init-groups",
+        "--",
+        sys.executable,
+        "-c",
+        SESSION,
+        str(root),
+        str(FORCE_CALLS),
+    ]
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[list[float], str]:
+    """Wait for a session; kill its whole group if it hangs."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"session hung:\n{err}") from None
+    assert proc.returncode == 0, f"session failed ({proc.returncode}):\n{out}\n{err}"
+    return json.loads(out), err
+
+
+def reset_spool(spool: Path, mode: int = 0o1777) -> Path:
+    if spool.is_symlink() or spool.is_file():
+        spool.unlink()
+    elif spool.exists():
+        shutil.rmtree(spool)
+    spool.mkdir()
+    os.chmod(spool, mode)
+    return spool
+
+
+@pytest.fixture(scope="module")
+def shared_root(accounts, shared_uv_cache: Path, torch_pin) -> Iterator[Path]:
+    """An EMT install every account can read, with a 1777 spool; built as root.
+
+    The env is built on /usr/bin/python3: a managed or pyenv interpreter under a
+    private directory would be unusable by the other accounts.
+    """
+    Path("/srv").mkdir(mode=0o755, exist_ok=True)
+    base = Path(f"/srv/rootstock-usage-{secrets.token_hex(4)}")
+    base.mkdir(mode=0o755)
+    try:
+        root = make_root(base / "root", shared_uv_cache)
+        run_rootstock("install", EMT_ENV, "--root", root, "--python", "/usr/bin/python3")
+        reset_spool(root / "usage")
+        yield root
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# --- real sessions -----------------------------------------------------------------------
+
+
+@needs_accounts
+def test_verification_records_a_verify_session(shared_root: Path):
+    spool = reset_spool(shared_root / "usage")
+    run_rootstock("add", "emt", "--device", "cpu", "--root", shared_root)
+    records, _ = read_records(spool)
+    assert [r["entry_point"] for r in records.values()] == ["verify"]
+    assert next(iter(records.values()))["force_calls"] >= 1
+
+
+@needs_accounts
+def test_concurrent_sessions_from_three_users(shared_root: Path, accounts):
+    spool = reset_spool(shared_root / "usage")
+    users = [accounts[i % 3] for i in range(8)]
+    procs = [session_as(user, shared_root) for user in users]
+    expected = reference_energies(FORCE_CALLS)
+    for proc in procs:
+        energies, _err = finish(proc)
+        assert energies == pytest.approx(expected, abs=1e-9)
+
+    records, unreadable = read_records(spool)
+    assert len(records) == 8 and not unreadable
+    salt = (spool / SALT_NAME).read_bytes().strip()
+    hashes = {user_hash(salt, user) for user in accounts}
+    owners = {pwd.getpwnam(u).pw_uid for u in accounts}
+    for name, record in records.items():
+        assert record["user"] in hashes
+        assert record["force_calls"] == FORCE_CALLS
+        assert (record["entry_point"], record["env"], record["checkpoint"]) == (
+            "calculator",
+            "emt",
+            "emt",
+        )
+        info = (spool / name).stat()
+        assert stat.S_IMODE(info.st_mode) == 0o644 and info.st_uid in owners
+    # No username anywhere in the spool: records, salt, nothing.
+    for path in spool.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert not any(user in text for user in accounts), path
+
+    report = json.loads(run_rootstock("usage", "report", "--json", "--root", shared_root).stdout)
+    assert report["totals"] == {"users": 3, "sessions": 8, "force_calls": 8 * FORCE_CALLS}
+    assert [(r["env"], r["checkpoint"], r["users"]) for r in report["rows"]] == [("emt", "emt", 3)]
+    table = run_rootstock("usage", "report", "--root", shared_root).stdout
+    assert "emt" in table and "total" in table
+
+
+@needs_accounts
+@pytest.mark.parametrize("case", ["opt-out", "read-only", "missing", "dangling-link"])
+def test_spool_problems_record_nothing_and_break_nothing(shared_root: Path, accounts, case):
+    spool = shared_root / "usage"
+    extra = {}
+    if case == "opt-out":
+        reset_spool(spool)
+        extra = {DISABLE_ENV: "1"}
+    elif case == "read-only":
+        reset_spool(spool, mode=0o755)  # root's directory: the user cannot write in it
+    elif case == "missing":
+        shutil.rmtree(spool)
+    else:
+        shutil.rmtree(spool)
+        spool.symlink_to(shared_root / "no-such-spool")
+    try:
+        energies, err = finish(session_as(accounts[0], shared_root, extra))
+        assert energies == pytest.approx(reference_energies(FORCE_CALLS), abs=1e-9)
+        assert "usage" not in err.lower() and "salt" not in err.lower()
+        if spool.is_dir():
+            assert read_records(spool) == ({}, [])
+            if case == "read-only":
+                assert not (spool / SALT_NAME).exists()
+        else:
+            assert not (shared_root / "no-such-spool").exists()
+    finally:
+        reset_spool(spool)
+
+
+# --- compact under SIGKILL ---------------------------------------------------------------
+
+
+def synthetic_spool(spool: Path, count: int, batch: int = 0) -> list[dict]:
+    """``count`` records over three months, two envs and five users; returns them."""
+    rng = random.Random(batch)
+    records = []
+    for i in range(count):
+        record = {
+            "version": 1,
+            "env": rng.choice(["emt", "mace"]),
+            "checkpoint": rng.choice(["emt", "(local)"]),
+            "device": "cpu",
+            "entry_point": "calculator",
+            "start": f"2026-{rng.choice(['09', '10', '11'])}-0{rng.randint(1, 9)}T10:00:00Z",
+            "duration_s": 1.0,
+            "force_calls": rng.randint(0, 50),
+            "user": f"hash{rng.randint(0, 4)}",
+        }
+        (spool / f"20261101T000000Z-{batch:02d}{i:06d}.json").write_text(json.dumps(record))
+        records.append(record)
+    return records
+
+
+def expected_report(records: list[dict]) -> dict:
+    """The report's rows and totals, computed independently of the spool."""
+    tallies = tally_records(records)
+    rows = [
+        {
+            "month": month,
+            "env": env,
+            "checkpoint": checkpoint,
+            "users": len(t.users),
+            "sessions": t.sessions,
+            "force_calls": t.force_calls,
+        }
+        for (month, env, checkpoint), t in sorted(tallies.items())
+    ]
+    users = set().union(*(t.users for t in tallies.values()))
+    return {
+        "rows": rows,
+        "totals": {
+            "users": len(users),
+            "sessions": len(records),
+            "force_calls": sum(r["force_calls"] for r in records),
+        },
+    }
+
+
+def test_compact_killed_mid_run_keeps_totals(tmp_path: Path):
+    """SIGKILL at random moments inside compact; every report in between is exact."""
+    count = 20000
+
+    def make_spool(name: str) -> tuple[Path, tuple[str, ...]]:
+        layout = InstallLayout(tmp_path / name, tmp_path / name)
+        layout.usage_dir.mkdir(parents=True)
+        return layout.usage_dir, ("--root", str(layout.root))
+
+    def compact_cmd(args: tuple[str, ...]) -> subprocess.Popen:
+        return subprocess.Popen(
+            [*ROOTSTOCK, "usage", "compact", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    # How long one whole compact takes here, so the kills land inside it.
+    calibration_spool, calibration = make_spool("calibration")
+    synthetic_spool(calibration_spool, count)
+    began = time.monotonic()
+    assert compact_cmd(calibration).wait(timeout=300) == 0
+    full = time.monotonic() - began
+
+    spool, args = make_spool("root")
+
+    def totals() -> dict:
+        report = json.loads(run_rootstock("usage", "report", "--json", *args).stdout)
+        return {"rows": report["rows"], "totals": report["totals"]}
+
+    generated: list[dict] = []
+    rng = random.Random()
+    interrupted = 0
+    for batch in range(12):
+        if not any(spool.glob("*.json")):  # nothing left to fold: give it more work
+            generated += synthetic_spool(spool, count, batch)
+        proc = compact_cmd(args)
+        time.sleep(rng.uniform(0.4, 1.0) * full)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert totals() == expected_report(generated)
+        left = any(spool.glob("*.json"))
+        # Killed between a durable rollup and the last deletion: the hard case.
+        interrupted += left and any((spool / "rollups").glob("*.json"))
+        if interrupted >= 3:
+            break
+    assert interrupted, f"no kill landed after a rollup write in a {full:.2f} s compact"
+    run_rootstock("usage", "compact", *args)
+    assert totals() == expected_report(generated)
+    assert not list(spool.glob("*.json"))  # every record folded and deleted
+    run_rootstock("usage", "compact", *args)  # a re-run on a clean spool changes nothing
+    assert totals() == expected_report(generated)
+    rollups = sorted(p.name for p in (spool / "rollups").glob("*.json"))
+    assert rollups == ["2026-09.json", "2026-10.json", "2026-11.json"]
