@@ -9,6 +9,7 @@ which the workers use. No service is needed (no ``system`` mark).
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -173,3 +174,24 @@ def test_a_bad_knob_falls_back_to_its_default_with_a_warning(
     expected = "2026-12-06T02:00:00" if recipe == "sbatch" else "202612060200"
     assert proc.stdout.strip() == expected
     assert f"WARNING: {knob}={value} is not an integer" in proc.stderr
+
+
+SHARED_FUNCTIONS = [
+    "checked_int", "next_run_date", "with_retries", "strip", "lookup_hf_token",
+    "run_smoke_test", "log", "warn",
+]  # fmt: skip
+
+
+def function_source(text: str, name: str) -> str:
+    """The definition of shell function ``name`` (one line, or up to its closing brace)."""
+    found = re.search(rf"^{name}\(\) \{{(?:[^\n]*\}}$|\n.*?^\}}$)", text, re.M | re.S)
+    assert found, f"{name}() not found"
+    return found.group(0)
+
+
+def test_the_logic_both_recipes_share_is_the_same_text():
+    # Each recipe must stand alone (a copied file runs from the scheduler's spool),
+    # so the shared functions are repeated; this keeps the two copies identical.
+    sbatch, pbs = (RECIPES[k].read_text() for k in ("sbatch", "pbs"))
+    for name in SHARED_FUNCTIONS:
+        assert function_source(sbatch, name) == function_source(pbs, name), name
