@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tests.conftest import make_root, run_rootstock
 
 from rootstock.install import interpreters
 from rootstock.install.interpreters import choose_interpreter, world_usable
 from rootstock.install.layout import InstallLayout
+from tests.conftest import make_root, run_rootstock
 
 pytestmark = [
     pytest.mark.timeout(600),
