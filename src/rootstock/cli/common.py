@@ -41,8 +41,13 @@ def layout_from(
 
 
 def emit_json(obj: Any) -> None:
-    """Print ``obj`` as JSON on stdout (the stable, documented shape)."""
-    click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+    """Print ``obj`` as JSON on stdout (the stable, documented shape).
+
+    Indented for a person at a terminal; compact when piped, where the C encoder
+    is several times faster on large documents (``status`` of a big install).
+    """
+    indent = 2 if sys.stdout.isatty() else None
+    click.echo(json.dumps(obj, indent=indent, sort_keys=True, default=str))
 
 
 def console(stderr: bool = False):

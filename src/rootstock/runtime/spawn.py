@@ -174,6 +174,10 @@ def worker_environment(
     env["HF_HOME"] = str(layout.cache_dir / "huggingface")
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
+    else:
+        # The download phase exists to reach the hub: an offline flag inherited from
+        # the maintainer's shell would make it fail for no visible reason.
+        env.pop("HF_HUB_OFFLINE", None)
     if token:
         env["HF_TOKEN"] = token
         env["HUGGING_FACE_HUB_TOKEN"] = token

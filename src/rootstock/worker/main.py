@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import socket
 import sys
 import time
@@ -63,7 +64,12 @@ def connect(path: str, timeout: float | None) -> socket.socket:
     deadline = None if not timeout else time.monotonic() + timeout
     delay = 0.005
     announced = False
+    # A worker whose starter died before accepting it would otherwise keep retrying
+    # (and hold GPU memory) until the timeout: once reparented, it gives up.
+    parent = os.getppid()
     while True:
+        if os.getppid() != parent:
+            raise ProtocolError("the process that started this worker is gone; exiting")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
