@@ -21,8 +21,14 @@ def timed(func: Callable[[], object]) -> float:
 
 def run(cmd: Sequence[str], env: dict | None = None, timeout: float = 900) -> None:
     """Run a command, raising with its output if it fails."""
-    proc = subprocess.run(list(map(str, cmd)), env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.run(
+        list(map(str, cmd)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(map(str, cmd))} failed:\n{proc.stdout}\n{proc.stderr}")
 

@@ -55,8 +55,19 @@ def main() -> None:
     def bare_uv(tag: str) -> None:
         venv = work / f"bare-{tag}"
         run([uv, "venv", "--quiet", "--python", python, venv], env=env)
-        run([uv, "pip", "install", "--quiet", "--python", venv / "bin" / "python",
-             "--compile-bytecode", *deps], env=env)
+        run(
+            [
+                uv,
+                "pip",
+                "install",
+                "--quiet",
+                "--python",
+                venv / "bin" / "python",
+                "--compile-bytecode",
+                *deps,
+            ],
+            env=env,
+        )
 
     try:
         rootstock_install("warmup")  # fills the shared uv cache
@@ -66,11 +77,14 @@ def main() -> None:
             ours.append(timed(lambda i=i: rootstock_install(str(i))))
             bare.append(timed(lambda i=i: bare_uv(str(i))))
         ratio = median(ours) / median(bare)
-        print_table(f"install benchmark (median of {repeat}, warm uv cache, {python})", [
-            ("rootstock install emt.py", f"{median(ours):.2f} s", "", ""),
-            ("uv venv + uv pip install --compile-bytecode", f"{median(bare):.2f} s", "", ""),
-            ("ratio", f"{ratio:.2f}x", "<= 1.3x", "yes" if ratio <= 1.3 else "no"),
-        ])
+        print_table(
+            f"install benchmark (median of {repeat}, warm uv cache, {python})",
+            [
+                ("rootstock install emt.py", f"{median(ours):.2f} s", "", ""),
+                ("uv venv + uv pip install --compile-bytecode", f"{median(bare):.2f} s", "", ""),
+                ("ratio", f"{ratio:.2f}x", "<= 1.3x", "yes" if ratio <= 1.3 else "no"),
+            ],
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -90,8 +90,9 @@ def build_real_root(root: Path, envs: dict[str, Path], uv_cache: Path) -> Path:
 @pytest.fixture(scope="session")
 def fake_built_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
     """A shared root with every runtime test env, built by real uv; never modified."""
-    return build_real_root(tmp_path_factory.mktemp("runtime") / "root", RUNTIME_ENVS,
-                           shared_uv_cache)
+    return build_real_root(
+        tmp_path_factory.mktemp("runtime") / "root", RUNTIME_ENVS, shared_uv_cache
+    )
 
 
 @pytest.fixture

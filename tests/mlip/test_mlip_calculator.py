@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1200)]
 
 THREADS = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 
-IN_PROCESS = textwrap.dedent('''
+IN_PROCESS = textwrap.dedent("""
     import importlib.util, json, sys
     import torch
     from ase.build import bulk
@@ -37,7 +37,7 @@ IN_PROCESS = textwrap.dedent('''
                         "forces": atoms.get_forces().tolist(),
                         "stress": atoms.get_stress().tolist()})
     print(json.dumps(results))
-''')
+""")
 
 
 def structure():
@@ -51,9 +51,18 @@ def structure():
 def in_process(root: Path, env: str, checkpoints: list[str], kwargs: dict | None = None):
     env_dir = root / "envs" / env
     out = subprocess.run(
-        [env_dir / "bin" / "python", "-c", IN_PROCESS, env_dir / "env_source.py",
-         ",".join(checkpoints), json.dumps(kwargs or {})],
-        capture_output=True, text=True, timeout=600, check=True,
+        [
+            env_dir / "bin" / "python",
+            "-c",
+            IN_PROCESS,
+            env_dir / "env_source.py",
+            ",".join(checkpoints),
+            json.dumps(kwargs or {}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
         env={**os.environ, **THREADS, "HF_HUB_OFFLINE": "1"},
     ).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -65,17 +74,23 @@ def through_calculator(root: Path, checkpoint: str, **kw):
     atoms = structure()
     with RootstockCalculator(root=root, checkpoint=checkpoint, device="cpu", **kw) as calc:
         atoms.calc = calc
-        return {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces(),
-                "stress": atoms.get_stress()}
+        return {
+            "energy": atoms.get_potential_energy(),
+            "forces": atoms.get_forces(),
+            "stress": atoms.get_stress(),
+        }
 
 
 def assert_close(ours: dict, reference: dict, rtol: float = 1e-6):
     assert ours["energy"] == pytest.approx(reference["energy"], rel=rtol)
     scale = np.abs(np.asarray(reference["forces"])).max()
-    np.testing.assert_allclose(ours["forces"], reference["forces"], rtol=rtol,
-                               atol=rtol * scale)
-    np.testing.assert_allclose(ours["stress"], reference["stress"], rtol=rtol,
-                               atol=rtol * np.abs(np.asarray(reference["stress"])).max())
+    np.testing.assert_allclose(ours["forces"], reference["forces"], rtol=rtol, atol=rtol * scale)
+    np.testing.assert_allclose(
+        ours["stress"],
+        reference["stress"],
+        rtol=rtol,
+        atol=rtol * np.abs(np.asarray(reference["stress"])).max(),
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -96,10 +111,17 @@ def test_chgnet_then_sevennet_in_one_script(mlip_root: Path):
 
 
 def test_chgnet_custom_weights_equal_the_shipped_checkpoint(mlip_root: Path, tmp_path: Path):
-    find = ("import pathlib, chgnet; print(next((pathlib.Path(chgnet.__file__).parent / "
-            "'pretrained' / '0.3.0').glob('*.pth.tar')))")
-    shipped = subprocess.run([mlip_root / "envs" / "chgnet" / "bin" / "python", "-c", find],
-                             capture_output=True, text=True, check=True, timeout=120)
+    find = (
+        "import pathlib, chgnet; print(next((pathlib.Path(chgnet.__file__).parent / "
+        "'pretrained' / '0.3.0').glob('*.pth.tar')))"
+    )
+    shipped = subprocess.run(
+        [mlip_root / "envs" / "chgnet" / "bin" / "python", "-c", find],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
     weights = tmp_path / "my-chgnet.pth.tar"
     shutil.copyfile(shipped.stdout.strip(), weights)
     custom = through_calculator(mlip_root, "chgnet:custom", weights=weights)
