@@ -345,14 +345,6 @@ def _prune_old_builds(layout: InstallLayout, name: str, keep: set) -> None:
             shutil.rmtree(candidate, ignore_errors=True)
 
 
-def read_env_metadata(layout: InstallLayout, name: str) -> dict | None:
-    """The ``rootstock-env.json`` of a built env, or None."""
-    try:
-        return json.loads((layout.env_dir(name) / ENV_METADATA).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def script_metadata_text(text: str) -> dict:
     """Parse a PEP 723 block's TOML (used by tests of the rendered build script)."""
     match = _PEP723_BLOCK.search(text)

@@ -8,6 +8,7 @@ cached across calls: every resolution reads the files afresh.
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,3 +130,12 @@ def _not_declared(
 def env_metadata_path(layout: InstallLayout, name: str) -> Path:
     """Build metadata written next to the env (interpreter, versions, hashes)."""
     return layout.env_dir(name) / ENV_METADATA
+
+
+def read_env_metadata(layout: InstallLayout, name: str) -> dict | None:
+    """The ``rootstock-env.json`` of a built env, or None if absent or unreadable."""
+    try:
+        data = json.loads(env_metadata_path(layout, name).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from rootstock.install.envfile import EnvFile, is_custom_id, source_hash
-from rootstock.install.envs import load_installed_envs
+from rootstock.install.envs import load_installed_envs, read_env_metadata
 from rootstock.install.layout import InstallLayout
-from rootstock.ops.status import serves_on
+from rootstock.ops.status import serves_on, variant_ids
 
 
 def build_ref(layout: InstallLayout, env: EnvFile) -> dict[str, Any]:
@@ -16,8 +16,6 @@ def build_ref(layout: InstallLayout, env: EnvFile) -> dict[str, Any]:
     ``source_hash`` is hashed from the live ``env_source.py`` (the one the worker
     imports), so verifying a hotfix records it and clears the stale state.
     """
-    from rootstock.install.build import read_env_metadata
-
     meta = read_env_metadata(layout, env.name) or {}
     return {
         "build_id": meta.get("build_id"),
@@ -29,8 +27,6 @@ def build_ref(layout: InstallLayout, env: EnvFile) -> dict[str, Any]:
 
 def env_versions(layout: InstallLayout, env: EnvFile) -> dict[str, Any]:
     """Package versions recorded when the env was built (for the fingerprint)."""
-    from rootstock.install.build import read_env_metadata
-
     return dict((read_env_metadata(layout, env.name) or {}).get("versions") or {})
 
 
@@ -47,6 +43,7 @@ def fetched_checkpoints(
     variant's copy is the one tested and reported here.
     """
     envs, _ = load_installed_envs(layout)
+    variants = variant_ids(envs)
     selected = []
     for env in envs:
         if env_filter and env.name != env_filter:
@@ -57,6 +54,6 @@ def fetched_checkpoints(
                 continue
             if not (recorded.get(checkpoint) or {}).get("fetched_at"):
                 continue
-            if serves_on(env, checkpoint, cluster, envs):
+            if serves_on(env, checkpoint, cluster, variants):
                 selected.append((env, checkpoint))
     return selected

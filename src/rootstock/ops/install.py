@@ -10,9 +10,9 @@ from pathlib import Path
 
 from rootstock.errors import EnvFileError, EnvNotFound, LockTimeout, RootstockError
 from rootstock.install.atomic import atomic_write_text
-from rootstock.install.build import BuildOptions, activate, build_env, read_env_metadata
+from rootstock.install.build import BuildOptions, activate, build_env
 from rootstock.install.envfile import EnvFile, id_conflicts, read_env_file
-from rootstock.install.envs import installed_env_names, load_installed_envs
+from rootstock.install.envs import installed_env_names, load_installed_envs, read_env_metadata
 from rootstock.install.interpreters import (
     Interpreter,
     choose_interpreter,

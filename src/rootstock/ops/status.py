@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from rootstock.install.envfile import EnvFile, is_custom_id, source_hash
-from rootstock.install.envs import envs_on_cluster, load_installed_envs
+from rootstock.install.envs import load_installed_envs, read_env_metadata
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import is_locked
 from rootstock.install.manifest import checkpoint_state, load_manifest, served_clusters
@@ -40,12 +40,11 @@ def build_state(layout: InstallLayout, name: str, built: bool) -> str:
 
 def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = False) -> dict:
     """The status document that ``rootstock status`` renders (and prints with --json)."""
-    from rootstock.install.build import read_env_metadata
-
     manifest = load_manifest(layout)
     clusters = [cluster.lower()] if cluster else served_clusters(layout, manifest)
     envs, warnings = load_installed_envs(layout)
     built = {e.name: e for e in envs}
+    variants = variant_ids(envs)
     registered = (
         {p.stem for p in layout.environments_dir.glob("*.py")}
         if layout.environments_dir.is_dir()
@@ -67,7 +66,7 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
             "hotfixed": bool(
                 env and meta.get("source_hash") and source_hash(env.source) != meta["source_hash"]
             ),
-            "checkpoints": _checkpoint_rows(manifest, env, clusters, envs) if env else [],
+            "checkpoints": _checkpoint_rows(manifest, env, clusters, variants) if env else [],
         }
         if sizes:
             row["size_bytes"] = directory_size(layout.env_dir(name)) if env else None
@@ -88,7 +87,7 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
 
 
 def _checkpoint_rows(
-    manifest: dict, env: EnvFile, clusters: list[str], all_envs: list[EnvFile]
+    manifest: dict, env: EnvFile, clusters: list[str], variants: set[tuple[str, str]]
 ) -> list[dict]:
     current_hash = source_hash(env.source)
     rows = []
@@ -97,7 +96,7 @@ def _checkpoint_rows(
             continue
         states = {}
         for cluster in clusters:
-            if not serves_on(env, checkpoint, cluster, all_envs):
+            if not serves_on(env, checkpoint, cluster, variants):
                 continue
             states[cluster] = checkpoint_state(
                 manifest, env.name, checkpoint, cluster, current_source_hash=current_hash
@@ -107,18 +106,20 @@ def _checkpoint_rows(
     return rows
 
 
-def serves_on(env: EnvFile, checkpoint: str, cluster: str, all_envs: list[EnvFile]) -> bool:
+def variant_ids(envs: list[EnvFile]) -> set[tuple[str, str]]:
+    """Every (cluster, checkpoint id) that a ``CLUSTERS`` variant declares."""
+    return {
+        (c, cid) for e in envs if e.is_variant for c in e.clusters or [] for cid in e.checkpoints
+    }
+
+
+def serves_on(env: EnvFile, checkpoint: str, cluster: str, variants: set[tuple[str, str]]) -> bool:
     """True when ``env`` is the one that serves ``checkpoint`` on ``cluster``.
 
-    A universal env's id is shadowed on clusters where a variant declares it, so
-    the shadowed copy never shows as a row there.
+    ``variants`` is :func:`variant_ids` of all installed envs. A universal env's id
+    is shadowed on clusters where a variant declares it, so the shadowed copy never
+    shows as a row there.
     """
-    applicable = envs_on_cluster([env], cluster)
-    if not applicable:
-        return False
     if env.is_variant:
-        return True
-    return not any(
-        other.is_variant and checkpoint in other.checkpoints and cluster in (other.clusters or [])
-        for other in all_envs
-    )
+        return cluster in (env.clusters or [])
+    return (cluster, checkpoint) not in variants
