@@ -15,13 +15,12 @@ import re
 import secrets
 import shutil
 import time
-import tomllib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 from rootstock.errors import BuildError
+from rootstock.install import Reporter
 from rootstock.install.atomic import atomic_write_json
 from rootstock.install.envfile import EnvFile, source_hash
 from rootstock.install.envs import ENV_METADATA
@@ -30,7 +29,6 @@ from rootstock.install.layout import InstallLayout
 from rootstock.install.uv import run_uv, uv_binary
 from rootstock.install.vendor import vendor_wheel
 
-Reporter = Callable[[str], None]
 _PEP723_BLOCK = re.compile(r"(?m)^# /// script$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
 _VERSIONS_PROBE = (
     "import json, sys\n"
@@ -343,15 +341,3 @@ def _prune_old_builds(layout: InstallLayout, name: str, keep: set) -> None:
             continue
         if candidate.is_dir():
             shutil.rmtree(candidate, ignore_errors=True)
-
-
-def script_metadata_text(text: str) -> dict:
-    """Parse a PEP 723 block's TOML (used by tests of the rendered build script)."""
-    match = _PEP723_BLOCK.search(text)
-    if not match:
-        return {}
-    content = "".join(
-        r[2:] if r.startswith("# ") else r[1:]
-        for r in match.group("content").splitlines(keepends=True)
-    )
-    return tomllib.loads(content)

@@ -10,11 +10,11 @@ checkpoint is fetched, and verifies again.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from rootstock.errors import RootstockError, UsageError
+from rootstock.install import Reporter
 from rootstock.install.envfile import is_custom_id
 from rootstock.install.envs import resolve_checkpoint
 from rootstock.install.layout import InstallLayout
@@ -28,7 +28,6 @@ from rootstock.ops.checkpoints import build_ref, env_versions
 from rootstock.ops.install import maintainer_umask
 from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, VerifyOutcome, run_verification
 
-Reporter = Callable[[str], None]
 DEFAULT_DOWNLOAD_TIMEOUT = 3600.0
 
 

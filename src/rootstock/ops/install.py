@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rootstock.errors import EnvFileError, EnvNotFound, LockTimeout, RootstockError
+from rootstock.install import Reporter
 from rootstock.install.atomic import atomic_write_text
 from rootstock.install.build import BuildOptions, activate, build_env
 from rootstock.install.envfile import EnvFile, id_conflicts, read_env_file
@@ -20,8 +21,6 @@ from rootstock.install.interpreters import (
 )
 from rootstock.install.layout import InstallLayout, read_layout, write_layout
 from rootstock.install.locking import FileLock
-
-Reporter = Callable[[str], None]
 
 
 @dataclass
