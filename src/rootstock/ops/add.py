@@ -24,7 +24,7 @@ from rootstock.install.manifest import (
     record_verification,
     resolve_cluster,
 )
-from rootstock.ops.checkpoints import build_ref, env_versions
+from rootstock.ops.checkpoints import build_snapshot
 from rootstock.ops.install import maintainer_umask
 from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, VerifyOutcome, run_verification
 
@@ -119,7 +119,7 @@ def add(
                 checkpoint, env.name, machine, downloaded, download_seconds, None, None
             )
         step(f"{checkpoint}: verifying on {device} (offline)")
-        build = build_ref(layout, env)
+        build, versions = build_snapshot(layout, env)
         outcome = run_verification(
             layout,
             env,
@@ -127,7 +127,7 @@ def add(
             device=device,
             kwargs=kwargs,
             timeout=verify_timeout,
-            versions=env_versions(layout, env),
+            versions=versions,
         )
         record = record_verification(
             layout, env.name, checkpoint, machine, outcome.record(build), accept_drift=accept_drift

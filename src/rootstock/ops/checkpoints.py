@@ -10,24 +10,21 @@ from rootstock.install.layout import InstallLayout
 from rootstock.ops.status import serves_on, variant_ids
 
 
-def build_ref(layout: InstallLayout, env: EnvFile) -> dict[str, Any]:
-    """The build a worker is about to run: recorded with its verification.
+def build_snapshot(layout: InstallLayout, env: EnvFile) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The build a worker is about to run, and its package versions (one read).
 
-    ``source_hash`` is hashed from the live ``env_source.py`` (the one the worker
-    imports), so verifying a hotfix records it and clears the stale state.
+    The first is recorded with the verification: its ``source_hash`` is hashed from
+    the live ``env_source.py`` (the one the worker imports), so verifying a hotfix
+    records it and clears the stale state. The second goes into the fingerprint.
     """
     meta = read_env_metadata(layout, env.name) or {}
-    return {
+    build = {
         "build_id": meta.get("build_id"),
         "source_hash": source_hash(env.source),
         "built_at": meta.get("built_at"),
         "lock_hash": meta.get("lock_hash"),
     }
-
-
-def env_versions(layout: InstallLayout, env: EnvFile) -> dict[str, Any]:
-    """Package versions recorded when the env was built (for the fingerprint)."""
-    return dict((read_env_metadata(layout, env.name) or {}).get("versions") or {})
+    return build, dict(meta.get("versions") or {})
 
 
 def fetched_checkpoints(

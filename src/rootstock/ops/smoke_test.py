@@ -17,7 +17,7 @@ from typing import Any
 from rootstock.errors import UsageError
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import load_manifest, record_verification, resolve_cluster
-from rootstock.ops.checkpoints import build_ref, env_versions, fetched_checkpoints
+from rootstock.ops.checkpoints import build_snapshot, fetched_checkpoints
 from rootstock.ops.install import maintainer_umask
 from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, run_verification
 
@@ -107,7 +107,7 @@ def smoke_test(
         env_file, checkpoint_id = item
         slot = slots.get()
         try:
-            build = build_ref(layout, env_file)
+            build, versions = build_snapshot(layout, env_file)
             outcome = run_verification(
                 layout,
                 env_file,
@@ -115,7 +115,7 @@ def smoke_test(
                 device=slot,
                 kwargs=None,
                 timeout=verify_timeout,
-                versions=env_versions(layout, env_file),
+                versions=versions,
             )
         finally:
             slots.put(slot)
