@@ -1,0 +1,273 @@
+"""A pushed manifest or usage report turned into rows (writes; the caller commits).
+
+A manifest push is kept whole as history (:class:`ManifestPush`) and *replaces* the
+cluster's current envs and coverage cells: a checkpoint missing from the new push is
+gone from the matrix. Each verification record it carries is kept once in
+:class:`VerificationEvent`, however many later pushes repeat it, so the cluster page
+can show a checkpoint's history even though a manifest holds only the latest result
+per device kind.
+
+Cell states come from :func:`rootstock.install.manifest.checkpoint_state`, the same
+derivation ``rootstock status`` uses, so ``stale`` means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from sqlalchemy import delete, insert, select
+from sqlalchemy.orm import Session
+
+from rootstock.dashboard.models import (
+    NAME,
+    TIME,
+    Cluster,
+    ClusterEnv,
+    CoverageCell,
+    ManifestPush,
+    UsageCount,
+    VerificationEvent,
+    utc_now,
+)
+from rootstock.install.manifest import checkpoint_state
+
+SHORT = 20  # state and device-kind columns
+ENV_FIELDS = ("build_id", "source_hash", "built_at", "python", "torch", "rootstock")
+
+
+class ManifestShapeError(ValueError):
+    """A pushed manifest whose structure cannot be stored (the API answers 422)."""
+
+
+def store_push(
+    session: Session, cluster: Cluster, manifest: dict[str, Any], api_key_id: int | None
+) -> ManifestPush:
+    """Record one push of ``cluster``'s manifest and make it the cluster's current state.
+
+    Writes the history row (the body as JSON text), replaces the cluster's
+    :class:`ClusterEnv` and :class:`CoverageCell` rows, adds verification records not
+    stored yet, and moves ``cluster.last_push_*``. Raises :class:`ManifestShapeError`
+    before writing anything when the manifest's structure is unusable. Does not commit.
+    """
+    check_manifest_shape(manifest)
+    name = cluster.name.strip().lower()
+    # Serialise pushes of one cluster (PostgreSQL): two concurrent replaces would
+    # otherwise both delete, then both insert the same cells. SQLite ignores it and
+    # serialises writers anyway.
+    session.execute(select(Cluster.id).where(Cluster.id == cluster.id).with_for_update())
+
+    envs: dict[str, dict[str, Any]] = manifest.get("envs") or {}
+    push = ManifestPush(
+        cluster_id=cluster.id,
+        api_key_id=api_key_id,
+        received_at=utc_now(),
+        schema_version=int(manifest["schema_version"]),
+        env_count=len(envs),
+        checkpoint_count=sum(len(env.get("checkpoints") or {}) for env in envs.values()),
+        body=json.dumps(manifest, separators=(",", ":"), sort_keys=True),
+    )
+    session.add(push)
+    session.flush()  # assigns push.id
+
+    env_rows, cell_rows, event_rows = _rows_from_manifest(manifest, name, cluster.id, push.id)
+    session.execute(delete(ClusterEnv).where(ClusterEnv.cluster_id == cluster.id))
+    session.execute(delete(CoverageCell).where(CoverageCell.cluster_id == cluster.id))
+    if env_rows:
+        session.execute(insert(ClusterEnv), env_rows)
+    if cell_rows:
+        session.execute(insert(CoverageCell), cell_rows)
+    _insert_new_events(session, cluster.id, event_rows)
+
+    cluster.last_push_id = push.id
+    cluster.last_push_at = push.received_at
+    session.flush()
+    return push
+
+
+def store_usage(session: Session, cluster: Cluster, counts: list[dict[str, Any]]) -> int:
+    """Store aggregated monthly counts; returns the number of rows written.
+
+    Re-sending a month *replaces* that month's rows for this cluster (a retried
+    ``rootstock usage push`` never double-counts); months not in ``counts`` are kept.
+    A key repeated within ``counts`` keeps its last value. Does not commit.
+    """
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {}
+    now = utc_now()
+    for count in counts:
+        key = (str(count["month"]), str(count["env"]), str(count["checkpoint"]))
+        rows[key] = {
+            "cluster_id": cluster.id,
+            "month": key[0],
+            "env": key[1],
+            "checkpoint": key[2],
+            "sessions": int(count.get("sessions") or 0),
+            "distinct_users": int(count.get("distinct_users") or 0),
+            "force_calls": int(count.get("force_calls") or 0),
+            "updated_at": now,
+        }
+    months = sorted({key[0] for key in rows})
+    if months:
+        session.execute(
+            delete(UsageCount).where(
+                UsageCount.cluster_id == cluster.id, UsageCount.month.in_(months)
+            )
+        )
+        session.execute(insert(UsageCount), list(rows.values()))
+    session.flush()
+    return len(rows)
+
+
+def check_manifest_shape(manifest: Any) -> None:
+    """Refuse a manifest whose structure cannot be stored, naming the bad part.
+
+    Only what the dashboard reads is checked (envs, checkpoints, verification
+    records, the lengths of stored names and times); unknown keys are ignored.
+    """
+    if not isinstance(manifest, dict):
+        raise ManifestShapeError("the manifest must be a JSON object")
+    version = manifest.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ManifestShapeError("schema_version must be an integer")
+    envs = _or_empty(manifest.get("envs"))
+    _require(isinstance(envs, dict), "envs must be an object")
+    for env_name, env in envs.items():
+        where = f"envs[{env_name[:40]!r}]"
+        _require(0 < len(env_name) <= NAME, f"{where}: env names are 1-{NAME} characters")
+        _require(isinstance(env, dict), f"{where} must be an object")
+        for field in ENV_FIELDS:
+            _require_text(env.get(field), NAME, f"{where}.{field}")
+        checkpoints = _or_empty(env.get("checkpoints"))
+        _require(isinstance(checkpoints, dict), f"{where}.checkpoints must be an object")
+        for checkpoint, entry in checkpoints.items():
+            at = f"{where}.checkpoints[{checkpoint[:40]!r}]"
+            _require(0 < len(checkpoint) <= NAME, f"{at}: ids are 1-{NAME} characters")
+            _require(isinstance(entry, dict), f"{at} must be an object")
+            _require_text(entry.get("fetched_at"), TIME, f"{at}.fetched_at")
+            _check_verifications(_or_empty(entry.get("verifications")), f"{at}.verifications")
+
+
+def _check_verifications(verifications: Any, where: str) -> None:
+    _require(isinstance(verifications, dict), f"{where} must be an object")
+    for cluster, by_kind in verifications.items():
+        _require(isinstance(by_kind, dict), f"{where}[{cluster[:40]!r}] must be an object")
+        for kind, record in by_kind.items():
+            at = f"{where}[{cluster[:40]!r}][{kind[:20]!r}]"
+            _require(0 < len(kind) <= SHORT, f"{at}: device kinds are 1-{SHORT} characters")
+            _require(isinstance(record, dict), f"{at} must be an object")
+            _require_text(record.get("at"), TIME, f"{at}.at")
+            _require_text(record.get("state"), SHORT, f"{at}.state")
+            _require_text(record.get("device"), NAME, f"{at}.device")
+            message = record.get("message")
+            _require(message is None or isinstance(message, str), f"{at}.message: not text")
+            build = record.get("build")
+            _require(build is None or isinstance(build, dict), f"{at}.build: not an object")
+            fingerprint = record.get("fingerprint")
+            _require(
+                fingerprint is None or isinstance(fingerprint, dict),
+                f"{at}.fingerprint: not an object",
+            )
+
+
+def _or_empty(value: Any) -> Any:
+    return {} if value is None else value
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise ManifestShapeError(message)
+
+
+def _require_text(value: Any, limit: int, where: str) -> None:
+    _require(
+        value is None or (isinstance(value, str) and len(value) <= limit),
+        f"{where}: must be text of at most {limit} characters, or null",
+    )
+
+
+def _rows_from_manifest(
+    manifest: dict[str, Any], cluster: str, cluster_id: int, push_id: int
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """The env, cell and verification-event rows one push describes."""
+    env_rows: list[dict] = []
+    cell_rows: list[dict] = []
+    events: dict[tuple, dict] = {}
+    for env_name, env in (manifest.get("envs") or {}).items():
+        env_rows.append(
+            {"cluster_id": cluster_id, "name": env_name, "push_id": push_id}
+            | {field: env.get(field) for field in ENV_FIELDS}
+        )
+        for checkpoint, entry in (env.get("checkpoints") or {}).items():
+            cell = checkpoint_state(manifest, env_name, checkpoint, cluster)
+            cell_rows.append(
+                {
+                    "cluster_id": cluster_id,
+                    "env": env_name,
+                    "checkpoint": checkpoint,
+                    "family": env_name,
+                    "state": cell.state,
+                    "verified_at": cell.at,
+                    "fetched_at": cell.fetched_at,
+                    "device_kind": cell.device_kind,
+                    "device": cell.device,
+                    "message": cell.message,
+                    "push_id": push_id,
+                }
+            )
+            by_kind = (entry.get("verifications") or {}).get(cluster) or {}
+            for kind, record in by_kind.items():
+                if not record.get("at"):
+                    continue  # a record without a time cannot be placed in history
+                key = (env_name, checkpoint, kind, record["at"])
+                events[key] = {
+                    "cluster_id": cluster_id,
+                    "env": env_name,
+                    "checkpoint": checkpoint,
+                    "device_kind": kind,
+                    "at": record["at"],
+                    "state": record.get("state") or "failed",
+                    "device": record.get("device"),
+                    "message": record.get("message"),
+                    "energy_per_atom": _energy(record.get("fingerprint")),
+                    "push_id": push_id,
+                }
+    return env_rows, cell_rows, list(events.values())
+
+
+def _energy(fingerprint: dict[str, Any] | None) -> float | None:
+    value = (fingerprint or {}).get("energy_per_atom")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _insert_new_events(session: Session, cluster_id: int, rows: list[dict]) -> None:
+    """Insert the verification events not stored yet (unique per cluster/env/id/kind/at)."""
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    if dialect in ("sqlite", "postgresql"):
+        # ON CONFLICT DO NOTHING also settles a race between two pushes of one record.
+        if dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert as upsert
+        else:
+            from sqlalchemy.dialects.postgresql import insert as upsert
+        session.execute(upsert(VerificationEvent).on_conflict_do_nothing(), rows)
+        return
+    columns = (
+        VerificationEvent.env,
+        VerificationEvent.checkpoint,
+        VerificationEvent.device_kind,
+        VerificationEvent.at,
+    )
+    query = select(*columns).where(VerificationEvent.cluster_id == cluster_id)
+    stored = {tuple(row) for row in session.execute(query)}
+    fresh = [r for r in rows if _event_key(r) not in stored]
+    if fresh:
+        session.execute(insert(VerificationEvent), fresh)
+
+
+def _event_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
+    return (row["env"], row["checkpoint"], row["device_kind"], row["at"])
