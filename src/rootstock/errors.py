@@ -95,6 +95,14 @@ class ManifestError(RootstockError):
     """``manifest.json`` is corrupt, or written by a newer rootstock."""
 
 
+class PushError(RootstockError):
+    """A push to the dashboard failed (the local manifest is unaffected)."""
+
+
+class PushNotConfigured(PushError):
+    """config.toml lacks the dashboard URL or credentials a push needs."""
+
+
 class WorkerError(RootstockError):
     """The model raised inside the worker; carries the worker's traceback text."""
 

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from rootstock.cli.main import cli
+from rootstock.errors import PushNotConfigured
 from rootstock.install.layout import InstallLayout
 from rootstock.install.usage import (
     DISABLE_ENV,
@@ -25,13 +26,12 @@ from rootstock.install.usage import (
     user_hash,
     write_record,
 )
+from rootstock.ops.push import push_usage
 from rootstock.ops.usage import (
     Rollup,
     Tally,
-    UsagePushNotConfigured,
     UsageSpoolMissing,
     compact,
-    push,
     tally_records,
     usage_report,
 )
@@ -248,13 +248,15 @@ def test_report_since_and_json_shape(layout):
     assert report["totals"]["sessions"] == 1
 
 
-def test_missing_spool_and_push_are_clear_errors(tmp_path):
+def test_missing_spool_and_push_are_clear_errors(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROOTSTOCK_CONFIG", str(tmp_path / "config.toml"))
     layout = InstallLayout(root=tmp_path, cache_root=tmp_path)
     with pytest.raises(UsageSpoolMissing, match="no usage spool"):
         usage_report(layout)
-    with pytest.raises(UsagePushNotConfigured, match="not configured") as info:
-        push()
+    with pytest.raises(PushNotConfigured, match="no dashboard to push to") as info:
+        push_usage(layout)
     assert "api_url" in str(info.value) and "api_key" in str(info.value)
+    assert "rootstock init" in str(info.value)
 
 
 def test_tally_merge():
@@ -263,7 +265,8 @@ def test_tally_merge():
     assert (a.sessions, a.force_calls, a.users) == (3, 5, {"x", "y"})
 
 
-def test_cli_report_json_compact_and_push(layout):
+def test_cli_report_json_compact_and_push(layout, tmp_path, monkeypatch):
+    monkeypatch.setenv("ROOTSTOCK_CONFIG", str(tmp_path / "config.toml"))
     drop(layout.usage_dir, "a.json", record(user="x"))
     runner = CliRunner()
     root = ["--root", str(layout.root), "--cache-root", str(layout.cache_root)]
@@ -273,4 +276,5 @@ def test_cli_report_json_compact_and_push(layout):
     bad = runner.invoke(cli, ["usage", "report", "--since", "2026-13", *root])
     assert bad.exit_code != 0
     assert runner.invoke(cli, ["usage", "compact", *root]).exit_code == 0
-    assert runner.invoke(cli, ["usage", "push"]).exit_code != 0
+    pushed = runner.invoke(cli, ["usage", "push", *root])
+    assert isinstance(pushed.exception, PushNotConfigured)

@@ -98,6 +98,9 @@ def add(
         click.echo(line)
         if doc["message"]:
             click.echo(f"  {doc['message']}", err=True)
+    from rootstock.cli.push_hooks import auto_push_dashboard, push_after
+
+    push_after("add", layout, auto_push_dashboard(no_push), [result.cluster])
     if not result.ok:
         raise click.exceptions.Exit(1)
 

@@ -86,5 +86,10 @@ def install(
                     f"installed {outcome.name} (Python {versions.get('python')}) "
                     f"-> {outcome.env_dir}"
                 )
+    if any(o.status == "built" for o in outcomes):
+        from rootstock.cli.push_hooks import auto_push_dashboard, push_after
+
+        # Builds are shared by every cluster of the install: push each one's view.
+        push_after("install", layout, auto_push_dashboard(no_push))
     if any(o.status == "failed" for o in outcomes):
         raise click.exceptions.Exit(1)

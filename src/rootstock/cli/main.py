@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "smoke_test",
         "Re-verify every fetched checkpoint.",
     ),
-    "manifest": ("rootstock.cli.manifest_cmd", "manifest", "Show or initialise manifest.json."),
+    "manifest": ("rootstock.cli.manifest_cmd", "manifest", "Show, init or push manifest.json."),
     "setup-perms": (
         "rootstock.cli.perms_cmd",
         "setup_perms",
@@ -39,7 +39,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "check_perms",
         "Check that other users can use an install.",
     ),
-    "usage": ("rootstock.cli.usage_cmd", "usage", "Report and compact anonymous usage records."),
+    "usage": ("rootstock.cli.usage_cmd", "usage", "Report, compact and push usage counts."),
+    "dashboard": (
+        "rootstock.cli.dashboard_cmd",
+        "dashboard",
+        "Run the coverage dashboard; manage its clusters and keys.",
+    ),
 }
 
 

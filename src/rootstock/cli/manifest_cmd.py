@@ -1,4 +1,4 @@
-"""``rootstock manifest show|init``."""
+"""``rootstock manifest show|init|push``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from rootstock.cli.common import emit_json, layout_from, root_options
 
 @click.group()
 def manifest():
-    """Show or initialise the install's manifest.json."""
+    """Show, initialise or push the install's manifest.json."""
 
 
 @manifest.command()
@@ -64,11 +64,44 @@ def init_manifest(root, cache_root, clusters, force, no_push, as_json):
 
     layout = layout_from(root, None, cache_root)
     result = ensure_manifest(layout, clusters, force=force)
-    if as_json:
-        emit_json(result.to_dict())
-        return
     doc = result.to_dict()
-    verb = "created" if doc.get("created") else "updated"
-    click.echo(f"{verb} {layout.manifest_file}; clusters: {', '.join(doc['clusters'])}")
-    if doc.get("backup"):
-        click.echo(f"the previous file is kept as {doc['backup']}")
+    if as_json:
+        emit_json(doc)
+    else:
+        verb = "created" if doc.get("created") else "updated"
+        click.echo(f"{verb} {layout.manifest_file}; clusters: {', '.join(doc['clusters'])}")
+        if doc.get("backup"):
+            click.echo(f"the previous file is kept as {doc['backup']}")
+    from rootstock.cli.push_hooks import auto_push_dashboard, push_after
+
+    push_after("manifest init", layout, auto_push_dashboard(no_push), doc["clusters"])
+
+
+@manifest.command("push")
+@root_options
+@click.option("--json", "as_json", is_flag=True, help="Print each cluster's outcome as JSON.")
+def push(root, cluster, cache_root, as_json):
+    """Push the manifest to the dashboard: one view per cluster this install serves.
+
+    With --cluster, only that cluster's. Uses api_url, api_key and api_secret from
+    config.toml; exit code 1 when any cluster's push failed.
+    """
+    from rootstock.install.manifest import resolve_cluster
+    from rootstock.ops.push import dashboard_settings, push_manifest
+
+    dashboard = dashboard_settings()
+    layout = layout_from(root, cluster, cache_root)
+    clusters = [resolve_cluster(layout, cluster)] if cluster else None
+    report = push_manifest(layout, clusters, dashboard)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        for result in report.results:
+            if result.ok:
+                push_id = (result.response or {}).get("push_id")
+                click.echo(
+                    f"{result.cluster}: pushed to {report.api_url}"
+                    + (f" (push {push_id})" if push_id is not None else "")
+                )
+    if not report.ok:
+        raise report.error()

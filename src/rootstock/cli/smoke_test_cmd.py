@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
-from rootstock.cli.common import emit_json, layout_from, root_options, warn
+from rootstock.cli.common import emit_json, layout_from, root_options
 
 
 @click.command("smoke-test")
@@ -54,11 +56,16 @@ def smoke_test(
     Each result is written to manifest.json the moment it is known. Exit code 0
     only when everything tested passed.
     """
+    from rootstock.cli.push_hooks import auto_push_dashboard, push_after
     from rootstock.ops.smoke_test import smoke_test as run_smoke_test
 
-    if push_every:
-        warn("--push-every: no dashboard is configured yet; results are only saved locally")
     layout = layout_from(root, cluster, cache_root)
+    dashboard = auto_push_dashboard(no_push, asked_by="--push-every" if push_every else None)
+    machine = None
+    if dashboard is not None:
+        from rootstock.install.manifest import resolve_cluster
+
+        machine = resolve_cluster(layout, cluster)
     state = {"done": 0, "total": 0}
 
     def on_start(total: int) -> None:
@@ -80,20 +87,45 @@ def smoke_test(
         click.echo(line)
         sys.stdout.flush()
 
-    report = run_smoke_test(
-        layout,
-        cluster=cluster,
-        env=env_name,
-        checkpoint=checkpoint,
-        device=device,
-        verify_timeout=verify_timeout,
-        jobs=jobs,
-        on_start=on_start,
-        on_result=on_result,
-    )
+    with _snapshots(layout, dashboard, machine, push_every) as request_snapshot:
+        report = run_smoke_test(
+            layout,
+            cluster=cluster,
+            env=env_name,
+            checkpoint=checkpoint,
+            device=device,
+            verify_timeout=verify_timeout,
+            jobs=jobs,
+            on_start=on_start,
+            on_result=on_result,
+            snapshot_every=push_every if request_snapshot else None,
+            on_snapshot=request_snapshot or (lambda _n: None),
+        )
+    # The final push, after the last result (each result is already in manifest.json).
+    push_after("smoke-test", layout, dashboard, [machine] if machine else None)
     if as_json:
         emit_json(report.to_dict())
     elif not report.results:
         click.echo("nothing to test: no fetched checkpoints (run `rootstock add ID` first)")
     if not report.ok:
         raise click.exceptions.Exit(1)
+
+
+@contextmanager
+def _snapshots(layout, dashboard, machine, push_every) -> Iterator:
+    """Yield a non-blocking ``request(done)`` for --push-every, or None without pushes."""
+    if dashboard is None or not push_every:
+        yield None
+        return
+    from rootstock.cli.push_hooks import announce
+    from rootstock.ops.push import push_manifest
+    from rootstock.ops.snapshot_push import SnapshotPusher
+
+    seen: set[str] = set()
+    pusher = SnapshotPusher(
+        lambda: push_manifest(layout, [machine], dashboard),
+        on_report=lambda report: announce(report, "smoke-test --push-every", seen),
+        join_timeout=dashboard.policy.total_cap + 5.0,
+    )
+    with pusher:
+        yield lambda _done: pusher.request()

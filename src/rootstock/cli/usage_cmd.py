@@ -69,8 +69,32 @@ def compact(root, cluster, cache_root):
 
 
 @usage.command("push")
-def push():
-    """Send the aggregated counts to the dashboard (not available yet)."""
-    from rootstock.ops.usage import push as run_push
+@root_options
+@click.option("--since", metavar="YYYY-MM", help="Only months from this one on.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def push(root, cluster, cache_root, since, as_json):
+    """Send the monthly counts (as `usage report` shows them) to the dashboard.
 
-    run_push()
+    Only aggregates travel: sessions, distinct users and force calls per month, env
+    and checkpoint, never user hashes. Records do not name their cluster, so the
+    counts go to --cluster (needed on a shared install). Re-sending is safe: the
+    dashboard replaces a month's counts.
+    """
+    from rootstock.ops.push import dashboard_settings, push_usage
+    from rootstock.ops.usage import check_month
+
+    check_month(since)
+    dashboard = dashboard_settings()
+    report = push_usage(layout_from(root, cluster, cache_root), cluster, since, dashboard)
+    if as_json:
+        emit_json(report.to_dict())
+    else:
+        for result in report.results:
+            if result.ok:
+                rows = (result.response or {}).get("rows")
+                click.echo(
+                    f"{result.cluster}: "
+                    + (result.message or f"sent {rows} row(s) to {report.api_url}")
+                )
+    if not report.ok:
+        raise report.error()

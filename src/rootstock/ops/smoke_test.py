@@ -89,8 +89,17 @@ def smoke_test(
     jobs: int = 1,
     on_start: Callable[[int], None] = lambda _n: None,
     on_result: Callable[[SmokeResult], None] = lambda _r: None,
+    snapshot_every: int | None = None,
+    on_snapshot: Callable[[int], None] = lambda _n: None,
 ) -> SmokeReport:
-    """Re-verify every fetched checkpoint served on this cluster; never download."""
+    """Re-verify every fetched checkpoint served on this cluster; never download.
+
+    ``on_snapshot(done)`` is called after every ``snapshot_every`` results (not
+    after the last one: the caller's final push covers it). It runs while results
+    are serialized, so it must return quickly (``--push-every`` only queues a push).
+    """
+    if snapshot_every is not None and snapshot_every < 1:
+        raise UsageError("--push-every must be at least 1")
     if jobs < 1:
         raise UsageError("--jobs must be at least 1")
     manifest = load_manifest(layout)
@@ -133,6 +142,9 @@ def smoke_test(
         with report_lock:
             report.results.append(result)
             on_result(result)
+            done = len(report.results)
+            if snapshot_every and done % snapshot_every == 0 and done < len(selected):
+                on_snapshot(done)
 
     # Like add and install: the manifest it rewrites must stay group-writable.
     with maintainer_umask():

@@ -1,4 +1,5 @@
-"""``rootstock usage report | compact | push``: aggregate the usage spool.
+"""``rootstock usage report | compact``: aggregate the usage spool (``usage push`` sends
+the report's counts: :func:`rootstock.ops.push.push_usage`).
 
 A monthly rollup (``{usage}/rollups/YYYY-MM.json``) stores, per (env, checkpoint),
 the sessions, the force calls and the *set* of user hashes, so distinct-user
@@ -20,7 +21,6 @@ from typing import Any
 
 from rootstock.errors import RootstockError, UsageError
 from rootstock.install.atomic import atomic_write_json
-from rootstock.install.config import load_config
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
 from rootstock.install.usage import ROLLUPS_DIR, read_records, record_month
@@ -34,10 +34,6 @@ Key = tuple[str, str, str]  # (month, env, checkpoint)
 
 class UsageSpoolMissing(RootstockError):
     """The install has no usage spool (collection is off, or the path is wrong)."""
-
-
-class UsagePushNotConfigured(RootstockError):
-    """``usage push`` has nowhere to send the counts yet."""
 
 
 @dataclass
@@ -261,15 +257,3 @@ def compact(layout: InstallLayout, lock_timeout: float | None = 60.0) -> Compact
                 # records. They stay, named in the rollup, and are never recounted.
                 undeletable.append(name)
     return CompactResult(folded, deleted, undeletable, sorted(changed))
-
-
-def push() -> None:
-    """Send the aggregated counts to the dashboard: not available yet."""
-    config = load_config()
-    missing = [key for key in ("api_url", "api_key") if not config.get(key)]
-    raise UsagePushNotConfigured(
-        "usage push is not configured: there is no dashboard endpoint for usage counts yet",
-        hint="it will send only the counts that `rootstock usage report --json` shows, "
-        "using api_url and api_key from config.toml (`rootstock init`)"
-        + (f"; missing now: {', '.join(missing)}" if missing else ""),
-    )

@@ -1,0 +1,250 @@
+"""JSON over HTTP for dashboard pushes: stdlib only, and bounded in time.
+
+A push runs at the end of ``install``, ``add`` and ``smoke-test``, often inside a
+batch job, so a dashboard that is down must cost seconds, not the job's wall time:
+
+* every attempt has its own timeout (``attempt_timeout``);
+* timeouts, dropped connections, 5xx and 429 are retried with exponential backoff
+  and jitter, but never past ``total_cap`` seconds from the first attempt (one
+  :class:`Deadline` can be shared by several requests);
+* a refused connection, an unknown host or a bad certificate fails at once: nothing
+  is listening, and waiting will not change that within a push;
+* any other 4xx is the caller's to explain and is never retried.
+
+``ROOTSTOCK_PUSH_TIMEOUT`` / ``ROOTSTOCK_PUSH_RETRY_CAP`` (or ``push_timeout`` /
+``push_retry_cap`` in config.toml) override the two limits.
+"""
+
+from __future__ import annotations
+
+import errno
+import http.client
+import json
+import random
+import socket
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rootstock.errors import ConfigError
+
+TIMEOUT_ENV = "ROOTSTOCK_PUSH_TIMEOUT"
+RETRY_CAP_ENV = "ROOTSTOCK_PUSH_RETRY_CAP"
+MAX_RESPONSE_BYTES = 1 << 20
+# Errors that mean "nothing is there": retrying inside one push cannot help.
+_UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long one push may take: per attempt, in total, and the backoff between."""
+
+    attempt_timeout: float = 10.0
+    total_cap: float = 30.0
+    first_delay: float = 0.5
+    max_delay: float = 8.0
+
+    @classmethod
+    def from_settings(
+        cls, config: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+    ) -> RetryPolicy:
+        """The default policy, with limits from the environment, then config.toml."""
+        config = config or {}
+        environ = environ if environ is not None else {}
+        timeout = _seconds(environ.get(TIMEOUT_ENV), TIMEOUT_ENV)
+        cap = _seconds(environ.get(RETRY_CAP_ENV), RETRY_CAP_ENV)
+        if timeout is None:
+            timeout = _seconds(config.get("push_timeout"), "push_timeout in config.toml")
+        if cap is None:
+            cap = _seconds(config.get("push_retry_cap"), "push_retry_cap in config.toml")
+        return cls(
+            attempt_timeout=timeout if timeout is not None else cls.attempt_timeout,
+            total_cap=cap if cap is not None else cls.total_cap,
+        )
+
+    def backoff(self, retry: int, rng: Callable[[], float] = random.random) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based): doubling, half jittered.
+
+        The jitter keeps many nodes of one job from retrying in lockstep.
+        """
+        ceiling = min(self.max_delay, self.first_delay * 2 ** (retry - 1))
+        return ceiling * (0.5 + 0.5 * rng())
+
+
+def _seconds(value: Any, name: str) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if seconds <= 0:
+        raise ConfigError(
+            f"{name} must be a positive number of seconds, not {value!r}",
+            hint=f"fix or remove {name}",
+        )
+    return seconds
+
+
+class Deadline:
+    """A point on the monotonic clock that several requests share."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.at = clock() + seconds
+
+    def remaining(self) -> float:
+        """Seconds left (never negative)."""
+        return max(0.0, self.at - self._clock())
+
+
+@dataclass(frozen=True)
+class HttpOutcome:
+    """The end of one request: an HTTP answer (``status``) or a transport ``error``."""
+
+    status: int | None
+    body: bytes
+    attempts: int
+    seconds: float
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+    def json(self) -> Any:
+        """The body as JSON, or None when it is not JSON."""
+        try:
+            return json.loads(self.body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+
+
+def should_retry_status(status: int) -> bool:
+    """5xx and 429 may pass; every other answer is final."""
+    return status == 429 or status >= 500
+
+
+def request_json(
+    method: str,
+    url: str,
+    payload: Any,
+    *,
+    headers: Mapping[str, str] | None = None,
+    policy: RetryPolicy | None = None,
+    deadline: Deadline | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> HttpOutcome:
+    """Send ``payload`` as JSON with ``method`` to ``url`` under the retry policy.
+
+    Never raises for network trouble or HTTP errors: the outcome says what happened
+    (``status`` None means no HTTP answer arrived; ``error`` says why).
+    """
+    policy = policy or RetryPolicy()
+    deadline = deadline or Deadline(policy.total_cap)
+    started = time.monotonic()
+    body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
+    attempts = 0
+    last: tuple[int | None, bytes, str | None] = (None, b"", "no attempt was made")
+    while True:
+        remaining = deadline.remaining()
+        if remaining <= 0:
+            break
+        attempts += 1
+        status, data, error, retry, retry_after = _attempt(
+            method, url, body, headers or {}, min(policy.attempt_timeout, remaining)
+        )
+        last = (status, data, error)
+        if not retry:
+            break
+        wait = max(policy.backoff(attempts), retry_after or 0.0)
+        if wait >= deadline.remaining():
+            # The next attempt could not start inside the cap: give up now rather
+            # than sleep into it.
+            break
+        sleep(wait)
+    status, data, error = last
+    if error and attempts > 1:
+        error = f"{error} (after {attempts} attempts in {time.monotonic() - started:.1f} s)"
+    return HttpOutcome(status, data, attempts, time.monotonic() - started, error)
+
+
+def _attempt(
+    method: str, url: str, body: bytes, headers: Mapping[str, str], timeout: float
+) -> tuple[int | None, bytes, str | None, bool, float | None]:
+    """One request: (status, body, transport error, retry?, Retry-After seconds)."""
+    from rootstock import __version__
+
+    request = urllib.request.Request(url, data=body, method=method)
+    request.add_header("Content-Type", "application/json")
+    request.add_header("Accept", "application/json")
+    request.add_header("User-Agent", f"rootstock/{__version__}")
+    for name, value in headers.items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read(MAX_RESPONSE_BYTES), None, False, None
+    except urllib.error.HTTPError as exc:
+        data = _read_quietly(exc)
+        retry = should_retry_status(exc.code)
+        return exc.code, data, None, retry, _retry_after(exc.headers) if retry else None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, BaseException):
+            return _transport_failure(reason)
+        return None, b"", f"cannot reach the dashboard: {reason}", False, None
+    except (OSError, http.client.HTTPException) as exc:
+        # Raised while reading the answer (reset, timeout, truncated response).
+        return _transport_failure(exc)
+
+
+def _transport_failure(exc: BaseException) -> tuple[None, bytes, str, bool, None]:
+    if isinstance(exc, ConnectionRefusedError) or (
+        isinstance(exc, OSError) and exc.errno in _UNREACHABLE_ERRNOS
+    ):
+        return None, b"", f"connection refused ({_describe(exc)})", False, None
+    if isinstance(exc, socket.gaierror):
+        return None, b"", f"cannot resolve the dashboard's host ({_describe(exc)})", False, None
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return None, b"", f"TLS certificate rejected ({_describe(exc)})", False, None
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return None, b"", "timed out waiting for the dashboard", True, None
+    return None, b"", f"connection failed ({_describe(exc)})", True, None
+
+
+def _describe(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def _read_quietly(exc: urllib.error.HTTPError) -> bytes:
+    try:
+        return exc.read(MAX_RESPONSE_BYTES) or b""
+    except (OSError, ValueError, http.client.HTTPException):
+        return b""
+    finally:
+        exc.close()
+
+
+def _retry_after(headers: Any) -> float | None:
+    value = headers.get("Retry-After") if headers is not None else None
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: the backoff is good enough
+
+
+def check_base_url(url: str) -> str:
+    """``api_url`` without a trailing slash; raises ConfigError when it is no http(s) URL."""
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(
+            f"api_url {url!r} is not an http(s) URL",
+            hint="set api_url in config.toml to the dashboard's base URL, "
+            "e.g. https://dashboard.example.org",
+        )
+    return url.strip().rstrip("/")

@@ -1,0 +1,350 @@
+"""``rootstock manifest push`` and ``usage push``: send the install's state to the dashboard.
+
+A shared install serving several clusters pushes one manifest per cluster, each that
+cluster's view (:func:`~rootstock.install.manifest.cluster_view`: only its own
+verifications), with each env's ``source_hash`` refreshed from the live
+``envs/<env>/env_source.py`` so an unverified hotfix shows as stale on the
+dashboard too. The wire format is docs/dashboard-api.md; the transport policy
+(timeouts, capped retries, fail-fast on a refused connection) is
+:mod:`rootstock.ops.http_client`.
+
+Nothing here writes the local manifest: a push only ever reads it, so a failed push
+leaves the install exactly as it was, and ``rootstock manifest push`` catches up.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rootstock.errors import PushError, PushNotConfigured
+from rootstock.install.config import config_path, load_config
+from rootstock.install.envfile import source_hash
+from rootstock.install.layout import InstallLayout
+from rootstock.install.manifest import (
+    MANIFEST_VERSION,
+    Manifest,
+    cluster_view,
+    load_manifest,
+    normalize_cluster,
+    resolve_cluster,
+    served_clusters,
+)
+from rootstock.ops.http_client import (
+    Deadline,
+    HttpOutcome,
+    RetryPolicy,
+    check_base_url,
+    request_json,
+)
+
+RETRY_COMMAND = "rootstock manifest push"
+USAGE_PAYLOAD_VERSION = 1
+CREDENTIAL_KEYS = ("api_url", "api_key", "api_secret")
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """Where pushes go and the credential they carry (from config.toml)."""
+
+    url: str
+    key: str
+    secret: str
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def endpoint(self, cluster: str, what: str) -> str:
+        """``{url}/api/v1/clusters/{cluster}/{what}``."""
+        return f"{self.url}/api/v1/clusters/{urllib.parse.quote(cluster, safe='')}/{what}"
+
+    def headers(self) -> dict[str, str]:
+        """The ``Authorization`` header every write carries."""
+        return {"Authorization": f"Bearer {self.key}:{self.secret}"}
+
+
+def missing_credentials(config: dict[str, Any]) -> list[str]:
+    """The credential keys config.toml lacks (empty when a push can be tried)."""
+    return [key for key in CREDENTIAL_KEYS if not str(config.get(key) or "").strip()]
+
+
+def dashboard_settings(config: dict[str, Any] | None = None) -> Dashboard:
+    """The dashboard from config.toml; raises PushNotConfigured naming what is missing."""
+    config = load_config() if config is None else config
+    missing = missing_credentials(config)
+    if missing:
+        raise PushNotConfigured(
+            f"no dashboard to push to: {', '.join(missing)} missing from {config_path()}",
+            hint="ask the dashboard's admin for a key (`rootstock dashboard issue-key`), then "
+            "run `rootstock init --force --api-url URL --api-key KEY --api-secret-file FILE`",
+        )
+    return Dashboard(
+        url=check_base_url(str(config["api_url"])),
+        key=str(config["api_key"]).strip(),
+        secret=str(config["api_secret"]).strip(),
+        policy=RetryPolicy.from_settings(config, os.environ),
+    )
+
+
+@dataclass
+class ClusterPush:
+    """The outcome of one cluster's push."""
+
+    cluster: str
+    ok: bool
+    status: int | None = None
+    attempts: int = 0
+    seconds: float = 0.0
+    response: dict[str, Any] | None = None
+    message: str | None = None
+    hint: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (one entry of ``manifest push --json``'s ``results``)."""
+        return {
+            "cluster": self.cluster,
+            "ok": self.ok,
+            "status": self.status,
+            "attempts": self.attempts,
+            "seconds": round(self.seconds, 3),
+            "response": self.response,
+            "message": self.message,
+            "hint": self.hint,
+        }
+
+
+@dataclass
+class PushReport:
+    """Every cluster's outcome of one push (``what`` is ``manifest`` or ``usage``)."""
+
+    what: str
+    api_url: str
+    results: list[ClusterPush] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    @property
+    def failures(self) -> list[ClusterPush]:
+        return [r for r in self.results if not r.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` shape of ``manifest push`` and ``usage push``."""
+        return {
+            "what": self.what,
+            "api_url": self.api_url,
+            "ok": self.ok,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+    def error(self) -> PushError:
+        """One error describing every failed cluster (for a command that must fail)."""
+        failed = self.failures
+        lines = [f"{r.cluster}: {r.message}" for r in failed]
+        message = f"{self.what} push to {self.api_url} failed for " + (
+            lines[0] if len(lines) == 1 else "\n  " + "\n  ".join(lines)
+        )
+        return PushError(message, hint=next((r.hint for r in failed if r.hint), None))
+
+
+# --- payloads -----------------------------------------------------------------------------
+
+
+def manifest_payloads(
+    layout: InstallLayout, clusters: Iterable[str] | None = None, manifest: Manifest | None = None
+) -> dict[str, dict[str, Any]]:
+    """One payload per cluster: its view of the manifest, with live source hashes.
+
+    ``clusters`` defaults to every cluster the install serves. The local manifest
+    is only read; the refreshed hashes exist in the payloads alone.
+    """
+    data = manifest if manifest is not None else load_manifest(layout)
+    names = (
+        [normalize_cluster(c) for c in clusters]
+        if clusters is not None
+        else served_clusters(layout, data)
+    )
+    live = live_source_hashes(layout, data)
+    payloads = {}
+    for name in names:
+        view = cluster_view(data, name)
+        for env_name, env in view.get("envs", {}).items():
+            if env_name in live:
+                env["source_hash"] = live[env_name]
+        payloads[name] = view
+    return payloads
+
+
+def live_source_hashes(layout: InstallLayout, manifest: Manifest) -> dict[str, str]:
+    """The hash of each env's ``env_source.py`` as it is now (envs without one are left out)."""
+    hashes = {}
+    for name in manifest.get("envs", {}):
+        try:
+            text = layout.env_source(name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue  # removed or unreadable: the recorded hash is all there is
+        hashes[name] = source_hash(text)
+    return hashes
+
+
+def usage_payload(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The body of ``POST .../usage``: aggregated counts only, never user hashes."""
+    return {
+        "version": USAGE_PAYLOAD_VERSION,
+        "counts": [
+            {
+                "month": row["month"],
+                "env": row["env"],
+                "checkpoint": row["checkpoint"],
+                "sessions": int(row["sessions"]),
+                "distinct_users": int(row["users"]),
+                "force_calls": int(row["force_calls"]),
+            }
+            for row in rows
+        ],
+    }
+
+
+# --- pushing ------------------------------------------------------------------------------
+
+
+def push_manifest(
+    layout: InstallLayout,
+    clusters: Iterable[str] | None = None,
+    dashboard: Dashboard | None = None,
+) -> PushReport:
+    """``PUT`` each cluster's manifest view to the dashboard; never raises for a failed send.
+
+    ``clusters`` defaults to every cluster the install serves. All clusters share
+    one retry deadline, and once the dashboard proved unreachable the remaining
+    clusters are not tried: a dead dashboard costs at most the retry cap.
+    """
+    dashboard = dashboard or dashboard_settings()
+    payloads = manifest_payloads(layout, clusters)
+    report = PushReport("manifest", dashboard.url)
+    deadline = Deadline(dashboard.policy.total_cap)
+    unreachable: str | None = None
+    for cluster, payload in payloads.items():
+        if unreachable:
+            report.results.append(_not_tried(cluster, unreachable))
+            continue
+        outcome = request_json(
+            "PUT",
+            dashboard.endpoint(cluster, "manifest"),
+            payload,
+            headers=dashboard.headers(),
+            policy=dashboard.policy,
+            deadline=deadline,
+        )
+        result = _interpret(cluster, outcome, "manifest")
+        report.results.append(result)
+        if outcome.status is None:
+            unreachable = outcome.error
+    return report
+
+
+def push_usage(
+    layout: InstallLayout,
+    cluster: str | None = None,
+    since: str | None = None,
+    dashboard: Dashboard | None = None,
+) -> PushReport:
+    """``POST`` the install's aggregated monthly usage counts for one cluster.
+
+    Usage records do not say which cluster they came from, so the counts go to
+    ``cluster`` (resolved as ``smoke-test`` does: needed on a shared install).
+    Months already on the dashboard are replaced, so re-sending never double-counts.
+    """
+    from rootstock.ops.usage import usage_report
+
+    dashboard = dashboard or dashboard_settings()
+    machine = resolve_cluster(layout, cluster)
+    rows = usage_report(layout, since=since)["rows"]
+    report = PushReport("usage", dashboard.url)
+    if not rows:
+        report.results.append(
+            ClusterPush(machine, ok=True, message="no usage recorded; nothing sent")
+        )
+        return report
+    outcome = request_json(
+        "POST",
+        dashboard.endpoint(machine, "usage"),
+        usage_payload(rows),
+        headers=dashboard.headers(),
+        policy=dashboard.policy,
+    )
+    report.results.append(_interpret(machine, outcome, "usage"))
+    return report
+
+
+def _not_tried(cluster: str, reason: str) -> ClusterPush:
+    return ClusterPush(
+        cluster,
+        ok=False,
+        message=f"not sent: the dashboard was unreachable ({reason})",
+        hint=f"retry with `{RETRY_COMMAND}` once the dashboard is up",
+    )
+
+
+def _interpret(cluster: str, outcome: HttpOutcome, what: str) -> ClusterPush:
+    """Turn an HTTP outcome into a result whose message and hint name the fix."""
+    result = ClusterPush(cluster, ok=outcome.ok, status=outcome.status, attempts=outcome.attempts)
+    result.seconds = outcome.seconds
+    body = outcome.json()
+    if outcome.ok:
+        result.response = body if isinstance(body, dict) else None
+        return result
+    retry = RETRY_COMMAND if what == "manifest" else "rootstock usage push"
+    detail = _detail(body)
+    status = outcome.status
+    if status is None:
+        result.message = outcome.error
+        result.hint = f"is the dashboard running? retry with `{retry}` once it is up"
+    elif status == 401:
+        result.message = "the dashboard refused the credentials (401)"
+        result.hint = f"check api_key and api_secret in {config_path()}"
+    elif status == 403:
+        result.message = f"the API key is not scoped to cluster {cluster!r} (403)"
+        result.hint = (
+            "ask the dashboard admin for a key for it: "
+            f"`rootstock dashboard issue-key --cluster {cluster} --maintainer EMAIL`"
+        )
+    elif status == 413:
+        result.message = f"the {what} is larger than the dashboard accepts (413)"
+        result.hint = "ask the dashboard admin to raise its body limit (serve --max-body)"
+    elif status == 422:
+        result.message = f"the dashboard rejected the {what} (422): {detail or 'no detail'}"
+        result.hint = (
+            f"this rootstock writes manifest schema {MANIFEST_VERSION}; "
+            "the dashboard may be older than the client: upgrade it"
+        )
+    elif status == 404:
+        result.message = "no dashboard API at this address (404)"
+        result.hint = (
+            "api_url must be the dashboard's base URL (the one whose /api/v1/coverage works)"
+        )
+    else:
+        result.message = f"the dashboard answered HTTP {status}" + (f": {detail}" if detail else "")
+        if outcome.attempts > 1:
+            result.message += f" (after {outcome.attempts} attempts)"
+        result.hint = f"retry later with `{retry}`"
+    return result
+
+
+def _detail(body: Any) -> str | None:
+    """A one-line summary of an error body's ``detail`` (FastAPI's shape)."""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, str):
+        return detail[:300]
+    if isinstance(detail, list):
+        parts = []
+        for item in detail[:3]:
+            if isinstance(item, dict):
+                where = ".".join(str(p) for p in item.get("loc", []))
+                parts.append(f"{where}: {item.get('msg')}" if where else str(item.get("msg")))
+            else:
+                parts.append(str(item))
+        return "; ".join(parts)[:300] or None
+    return None
