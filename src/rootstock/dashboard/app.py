@@ -1,0 +1,102 @@
+"""The dashboard's ASGI application: the JSON API under ``/api/v1`` and the HTML pages.
+
+:func:`create_app` wires the pieces: the database (sessions in
+``app.state.sessions``), the guard middleware (credentials before the body, body
+limit, ``Server-Timing``), the API sub-application with its own OpenAPI schema at
+``/api/v1/openapi.json``, and the pages router. It does not migrate the database:
+``rootstock dashboard serve`` and the test fixtures call
+:func:`rootstock.dashboard.db.migrate` first.
+
+Errors are answered as JSON with the status the API reference documents. A
+database that cannot be reached is a ``503`` with ``Retry-After`` (the client's
+retry is the fix); a conflicting concurrent write that could not be settled is a
+``409``. Anything else escaping a handler would be a bug, and stays a ``500``.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+
+from rootstock.dashboard import api
+from rootstock.dashboard.db import make_engine, make_sessionmaker
+from rootstock.dashboard.middleware import GuardMiddleware
+
+DEFAULT_MAX_BODY = 16 * 2**20
+log = logging.getLogger("rootstock.dashboard")
+
+
+def _version() -> str:
+    try:
+        return version("rootstock")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def create_app(db_url: str, *, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
+    """The dashboard application for the (already migrated) database at ``db_url``."""
+    engine = make_engine(db_url)
+    sessions = make_sessionmaker(engine)
+
+    app = FastAPI(title="Rootstock dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    api_app = FastAPI(
+        title="Rootstock dashboard API",
+        version=_version(),
+        description="Manifest and usage pushes from rootstock installs, and the "
+        "public coverage matrix. See docs/dashboard-api.md.",
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+    )
+    api_app.include_router(api.router)
+    for target in (app, api_app):
+        target.state.engine = engine
+        target.state.sessions = sessions
+        target.state.max_body = max_body
+        _add_error_handlers(target)
+    app.mount("/api/v1", api_app)
+    pages = _pages_router()
+    if pages is not None:
+        app.include_router(pages)
+    app.add_middleware(GuardMiddleware, sessions=sessions, max_body=max_body)
+    return app
+
+
+def _pages_router():
+    try:
+        from rootstock.dashboard import pages
+    except ImportError as exc:
+        # The pages module is optional only while it is being written.
+        if exc.name != "rootstock.dashboard.pages":
+            raise
+        return None
+    return pages.router
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(IntegrityError)
+    async def conflict(request: Request, exc: IntegrityError) -> JSONResponse:
+        log.warning("conflicting write on %s: %s", request.url.path, exc.orig)
+        return JSONResponse(
+            {"detail": "a concurrent write conflicted with this one; retry"}, status_code=409
+        )
+
+    @app.exception_handler(OperationalError)
+    async def unavailable(request: Request, exc: OperationalError) -> JSONResponse:
+        log.error("database unavailable on %s: %s", request.url.path, exc.orig)
+        return JSONResponse(
+            {"detail": "the dashboard database is unavailable; retry later"},
+            status_code=503,
+            headers={"Retry-After": "5"},
+        )
+
+    @app.exception_handler(DBAPIError)
+    async def refused(request: Request, exc: DBAPIError) -> JSONResponse:
+        # The database refused a value the request validation let through (a bug in
+        # the validation, but the request's own problem, so a 422 and not a 500).
+        log.error("database refused a value on %s: %s", request.url.path, exc.orig)
+        return JSONResponse({"detail": "the database refused a value in this request"}, 422)

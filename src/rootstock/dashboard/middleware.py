@@ -1,0 +1,200 @@
+"""The guard in front of every request: credentials, body limit and timing.
+
+A pure ASGI middleware, so that it runs before anything reads the body:
+
+1. a write (any method but GET, HEAD and OPTIONS under ``/api/``) must carry a
+   valid, unrevoked key: otherwise ``401`` at once, whatever the body and
+   whether or not the cluster exists; a key not scoped to the path's cluster
+   gets ``403``;
+2. a body over the limit gets ``413``: by its ``Content-Length`` before reading,
+   or by counting the bytes of a chunked body as they arrive;
+3. every response carries ``Server-Timing: app;dur=<ms>``, the time from the
+   request's arrival to its response headers (the benchmark reads it).
+
+The authenticated key's row id is left in ``scope["state"]`` for the handlers.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
+
+from rootstock.dashboard import credentials
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+CLUSTER_PATH = re.compile(r"^/api/v\d+/clusters/([^/]+)/")
+
+
+class BodyTooLarge(Exception):
+    """The request body went over the limit while it was being read."""
+
+
+class GuardMiddleware:
+    """Authenticate writes before their body is read; cap bodies; time responses."""
+
+    def __init__(self, app: ASGIApp, sessions: sessionmaker[Session], max_body: int) -> None:
+        self.app = app
+        self.sessions = sessions
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        state = scope.setdefault("state", {})
+        state["rootstock_started"] = started
+        send = _timed(send, started)
+
+        method = scope["method"].upper()
+        is_write = method not in SAFE_METHODS and scope["path"].startswith("/api/")
+        if is_write:
+            refusal = await run_in_threadpool(self._check_credentials, scope)
+            if refusal is not None:
+                await refusal.send(send)
+                return
+
+        declared = _content_length(scope)
+        if declared == -1:
+            await Refusal(400, "the Content-Length header is not a number").send(send)
+            return
+        if declared is not None and declared > self.max_body:
+            await self._too_large(send)
+            return
+        if not is_write:
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self._read_body(receive)
+        except BodyTooLarge:
+            await self._too_large(send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    def _check_credentials(self, scope: Scope) -> Refusal | None:
+        """The refusal for this write's credentials and cluster, or None (runs in a thread)."""
+        header = _header(scope, b"authorization")
+        match = CLUSTER_PATH.match(scope["path"])
+        try:
+            with self.sessions() as session:
+                key = credentials.authenticate(session, header)
+                if match and not credentials.may_write(session, key, match.group(1)):
+                    return Refusal(403, f"this API key may not write to cluster {match.group(1)!r}")
+                scope["state"]["rootstock_api_key_id"] = key.id
+        except credentials.AuthenticationFailed as exc:
+            return Refusal(401, exc.message, {"www-authenticate": "Bearer"})
+        except SQLAlchemyError:
+            return Refusal(503, "the dashboard database is unavailable; retry later")
+        return None
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                # Read (and drop) up to as much again, so that a client still sending
+                # sees the 413 instead of a connection reset; past that, stop reading.
+                await _drain(receive, self.max_body)
+                raise BodyTooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    async def _too_large(self, send: Send) -> None:
+        await Refusal(413, f"the request body is over the limit of {self.max_body} bytes").send(
+            send
+        )
+
+
+class Refusal:
+    """A JSON error answered by the middleware itself."""
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        self.status = status
+        self.detail = detail
+        self.headers = headers or {}
+
+    async def send(self, send: Send) -> None:
+        """Answer with this refusal, and close the connection (the body may be unread)."""
+        body = json.dumps({"detail": self.detail}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"connection", b"close"),
+            *((k.encode(), v.encode()) for k, v in self.headers.items()),
+        ]
+        if self.status == 503:
+            headers.append((b"retry-after", b"5"))
+        await send({"type": "http.response.start", "status": self.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+def _timed(send: Send, started: float) -> Send:
+    async def send_with_timing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            headers = list(message.get("headers", []))
+            headers.append((b"server-timing", f"app;dur={elapsed_ms:.2f}".encode()))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return send_with_timing
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _drain(receive: Receive, limit: int) -> None:
+    drained = 0
+    while drained <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        drained += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The declared body length; None when absent, -1 when not a number."""
+    text = _header(scope, b"content-length")
+    if text is None:
+        return None
+    text = text.strip()
+    return int(text) if text.isdigit() else -1
