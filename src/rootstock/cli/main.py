@@ -45,11 +45,6 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "dashboard",
         "Run the coverage dashboard; manage its clusters and keys.",
     ),
-    "dashboard": (
-        "rootstock.cli.dashboard_cmd",
-        "dashboard",
-        "Run the coverage dashboard; manage its clusters and keys.",
-    ),
 }
 
 
