@@ -75,7 +75,8 @@ def coverage(
                 Cluster.name == cluster
             )
         cell_query = cell_query.where(CoverageCell.checkpoint.in_(having_state))
-    rows = session.execute(cell_query).all()
+    # Core execution: the ORM's row loading costs a third of this view at 15,000 cells.
+    rows = session.connection().execute(cell_query).all()
     families = session.execute(
         select(CoverageCell.family).distinct().order_by(CoverageCell.family)
     ).scalars()
