@@ -238,7 +238,7 @@ def sqlite_dashboard(new_database, tmp_path_factory) -> Iterator[Dashboard]:
 
 
 @pytest.fixture(scope="session")
-def postgres_dashboard(new_database, tmp_path_factory) -> Iterator[Dashboard]:
+def postgresql_dashboard(new_database, tmp_path_factory) -> Iterator[Dashboard]:
     """A live dashboard on a fresh PostgreSQL database, for the whole session."""
     dashboard = Dashboard(new_database("postgresql"), tmp_path_factory.mktemp("dashboard-logs"))
     try:
