@@ -376,8 +376,9 @@ def report(results: dict) -> None:
     machine = results["machine"]
     print_table(
         f"dashboard benchmark (SQLite {machine['sqlite']}, {size['clusters']} clusters x "
-        f"{size['checkpoints']} checkpoints, {machine['cores']} cores, "
-        f"Python {machine['python']}{', quick' if results['quick'] else ''})",
+        f"{size['checkpoints']} checkpoints, {machine['cores']} cores, load average "
+        f"{machine['load_average']:.1f} at start, Python {machine['python']}"
+        f"{', quick' if results['quick'] else ''})",
         rows,
     )
 
@@ -405,6 +406,8 @@ def main() -> None:
         "size": {"clusters": args.clusters, "checkpoints": args.checkpoints},
         "machine": {
             "cores": os.cpu_count(),
+            # Other work on the machine shows in every number; say how busy it was.
+            "load_average": os.getloadavg()[0],
             "platform": platform.platform(),
             "python": platform.python_version(),
             "sqlite": sqlite3.sqlite_version,
