@@ -80,6 +80,10 @@ def announce(report: PushReport, command: str, seen: set[str] | None = None) -> 
     ``seen`` collects warnings already printed, so repeated snapshot failures with
     the same cause are reported once.
     """
+    # Clusters not tried because the dashboard proved unreachable join the warning of
+    # the failure that proved it (the last one tried).
+    tried = [r for r in report.failures if r.attempts]
+    not_tried = [r.cluster for r in report.failures if not r.attempts]
     for result in report.results:
         if result.ok:
             push_id = (result.response or {}).get("push_id")
@@ -88,8 +92,14 @@ def announce(report: PushReport, command: str, seen: set[str] | None = None) -> 
                 f"pushed the {result.cluster} manifest to {report.api_url}{suffix}", err=True
             )
             continue
+        if tried and not result.attempts:
+            continue
+        names = [result.cluster]
+        if tried and result is tried[-1]:
+            names += not_tried
         text = (
-            f"{command}: pushing cluster {result.cluster} to {report.api_url} failed: "
+            f"{command}: pushing cluster{'s' if len(names) > 1 else ''} {', '.join(names)} "
+            f"to {report.api_url} failed: "
             f"{result.message}; the local manifest is saved, retry with `{RETRY_COMMAND}`"
         )
         if result.hint:

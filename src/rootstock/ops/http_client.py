@@ -207,7 +207,7 @@ def _transport_failure(exc: BaseException) -> tuple[None, bytes, str, bool, None
     if isinstance(exc, ConnectionRefusedError) or (
         isinstance(exc, OSError) and exc.errno in _UNREACHABLE_ERRNOS
     ):
-        return None, b"", f"connection refused ({_describe(exc)})", False, None
+        return None, b"", f"cannot connect ({_describe(exc).lower()})", False, None
     if isinstance(exc, socket.gaierror):
         return None, b"", f"cannot resolve the dashboard's host ({_describe(exc)})", False, None
     if isinstance(exc, ssl.SSLCertVerificationError):

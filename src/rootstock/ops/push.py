@@ -143,8 +143,8 @@ class PushReport:
         """One error describing every failed cluster (for a command that must fail)."""
         failed = self.failures
         lines = [f"{r.cluster}: {r.message}" for r in failed]
-        message = f"{self.what} push to {self.api_url} failed for " + (
-            lines[0] if len(lines) == 1 else "\n  " + "\n  ".join(lines)
+        message = f"{self.what} push to {self.api_url} failed" + (
+            f" for {lines[0]}" if len(lines) == 1 else ":\n  " + "\n  ".join(lines)
         )
         return PushError(message, hint=next((r.hint for r in failed if r.hint), None))
 
