@@ -90,6 +90,16 @@ def _handler(stand_in_ref: list) -> type[BaseHTTPRequestHandler]:
             if action == "hang":
                 time.sleep(1.5)
                 action = 200
+            if action == "trickle":
+                # Headers at once, then a byte every 0.2 s: no single read ever times out.
+                self.send_response(200)
+                self.send_header("Content-Length", "40")
+                self.end_headers()
+                for _ in range(40):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+                return
             if action == "drop":
                 self.close_connection = True
                 self.connection.shutdown(socket.SHUT_RDWR)
@@ -159,6 +169,17 @@ def test_a_timeout_and_a_dropped_connection_are_retried(stand_in):
     policy = RetryPolicy(attempt_timeout=0.5, total_cap=10.0, first_delay=0.01, max_delay=0.05)
     outcome = request_json("PUT", stand_in.url + "/x", {}, policy=policy)
     assert outcome.ok and outcome.attempts == 3
+
+
+def test_a_server_that_trickles_cannot_outlast_the_cap(stand_in):
+    stand_in.script = ["trickle"]
+    policy = RetryPolicy(attempt_timeout=0.5, total_cap=1.0, first_delay=0.05, max_delay=0.1)
+    started = time.monotonic()
+    outcome = request_json("PUT", stand_in.url + "/x", {}, policy=policy)
+    elapsed = time.monotonic() - started
+    assert outcome.status is None and "timed out" in outcome.error
+    # The trickle lasts 8 s per request; the cap (plus one attempt's grace) ends it.
+    assert elapsed < 4.0
 
 
 def test_refused_connection_fails_fast_without_retrying():

@@ -23,6 +23,7 @@ import json
 import random
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -36,6 +37,7 @@ from rootstock.errors import ConfigError
 TIMEOUT_ENV = "ROOTSTOCK_PUSH_TIMEOUT"
 RETRY_CAP_ENV = "ROOTSTOCK_PUSH_RETRY_CAP"
 MAX_RESPONSE_BYTES = 1 << 20
+_GRACE_S = 0.5
 # Errors that mean "nothing is there": retrying inside one push cannot help.
 _UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH}
 
@@ -156,7 +158,7 @@ def request_json(
         if remaining <= 0:
             break
         attempts += 1
-        status, data, error, retry, retry_after = _attempt(
+        status, data, error, retry, retry_after = _bounded_attempt(
             method, url, body, headers or {}, min(policy.attempt_timeout, remaining)
         )
         last = (status, data, error)
@@ -174,9 +176,34 @@ def request_json(
     return HttpOutcome(status, data, attempts, time.monotonic() - started, error)
 
 
+Attempt = tuple[int | None, bytes, str | None, bool, float | None]
+
+
+def _bounded_attempt(
+    method: str, url: str, body: bytes, headers: Mapping[str, str], timeout: float
+) -> Attempt:
+    """:func:`_attempt`, abandoned if it overruns ``timeout`` by more than a grace period.
+
+    Socket timeouts bound connecting and each read, but not a name lookup (the
+    resolver has its own, often long, retries) nor a server that trickles bytes;
+    running the attempt on a daemon thread makes the cap hold whatever hangs.
+    """
+    box: list[Attempt] = []
+    worker = threading.Thread(
+        target=lambda: box.append(_attempt(method, url, body, headers, timeout)),
+        name="rootstock-http",
+        daemon=True,
+    )
+    worker.start()
+    worker.join(timeout + _GRACE_S)
+    if box:
+        return box[0]
+    return None, b"", "timed out waiting for the dashboard", True, None
+
+
 def _attempt(
     method: str, url: str, body: bytes, headers: Mapping[str, str], timeout: float
-) -> tuple[int | None, bytes, str | None, bool, float | None]:
+) -> Attempt:
     """One request: (status, body, transport error, retry?, Retry-After seconds)."""
     from rootstock import __version__
 
