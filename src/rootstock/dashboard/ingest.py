@@ -66,18 +66,21 @@ def store_push(
         schema_version=int(manifest["schema_version"]),
         env_count=len(envs),
         checkpoint_count=sum(len(env.get("checkpoints") or {}) for env in envs.values()),
-        body=json.dumps(manifest, separators=(",", ":"), sort_keys=True),
+        body=json.dumps(manifest, separators=(",", ":")),
     )
     session.add(push)
     session.flush()  # assigns push.id
 
     env_rows, cell_rows, event_rows = _rows_from_manifest(manifest, name, cluster.id, push.id)
-    session.execute(delete(ClusterEnv).where(ClusterEnv.cluster_id == cluster.id))
-    session.execute(delete(CoverageCell).where(CoverageCell.cluster_id == cluster.id))
+    # Core statements on the session's connection: one executemany per table. (The
+    # ORM's bulk insert splits the rows into a batch per pattern of None values.)
+    connection = session.connection()
+    connection.execute(delete(ClusterEnv).where(ClusterEnv.cluster_id == cluster.id))
+    connection.execute(delete(CoverageCell).where(CoverageCell.cluster_id == cluster.id))
     if env_rows:
-        session.execute(insert(ClusterEnv), env_rows)
+        connection.execute(insert(ClusterEnv.__table__), env_rows)
     if cell_rows:
-        session.execute(insert(CoverageCell), cell_rows)
+        connection.execute(insert(CoverageCell.__table__), cell_rows)
     _insert_new_events(session, cluster.id, event_rows)
 
     cluster.last_push_id = push.id
@@ -114,9 +117,16 @@ def store_usage(session: Session, cluster: Cluster, counts: list[dict[str, Any]]
                 UsageCount.cluster_id == cluster.id, UsageCount.month.in_(months)
             )
         )
-        session.execute(insert(UsageCount), list(rows.values()))
+        session.connection().execute(insert(UsageCount.__table__), list(rows.values()))
     session.flush()
     return len(rows)
+
+
+# The stored text fields at each level, with their column's length limit.
+ENV_TEXT = {field: NAME for field in ENV_FIELDS}
+ENTRY_TEXT = {"fetched_at": TIME}
+RECORD_TEXT = {"at": TIME, "state": SHORT, "device": NAME, "message": None}
+RECORD_OBJECTS = ("build", "fingerprint")
 
 
 def check_manifest_shape(manifest: Any) -> None:
@@ -124,66 +134,66 @@ def check_manifest_shape(manifest: Any) -> None:
 
     Only what the dashboard reads is checked (envs, checkpoints, verification
     records, the lengths of stored names and times); unknown keys are ignored.
+    Every push runs it, so the path to a part is kept as a tuple of keys and only
+    spelled out on failure.
     """
     if not isinstance(manifest, dict):
         raise ManifestShapeError("the manifest must be a JSON object")
     version = manifest.get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise ManifestShapeError("schema_version must be an integer")
-    envs = _or_empty(manifest.get("envs"))
-    _require(isinstance(envs, dict), "envs must be an object")
-    for env_name, env in envs.items():
-        where = f"envs[{env_name[:40]!r}]"
-        _require(0 < len(env_name) <= NAME, f"{where}: env names are 1-{NAME} characters")
-        _require(isinstance(env, dict), f"{where} must be an object")
-        for field in ENV_FIELDS:
-            _require_text(env.get(field), NAME, f"{where}.{field}")
-        checkpoints = _or_empty(env.get("checkpoints"))
-        _require(isinstance(checkpoints, dict), f"{where}.checkpoints must be an object")
+    for env_name, env in _object(manifest.get("envs"), ("envs",)).items():
+        env_path = ("envs", env_name)
+        _check_name(env_name, NAME, env_path, "env names")
+        _check_text(_object(env, env_path), ENV_TEXT, env_path)
+        checkpoints = _object(env.get("checkpoints"), (*env_path, "checkpoints"))
         for checkpoint, entry in checkpoints.items():
-            at = f"{where}.checkpoints[{checkpoint[:40]!r}]"
-            _require(0 < len(checkpoint) <= NAME, f"{at}: ids are 1-{NAME} characters")
-            _require(isinstance(entry, dict), f"{at} must be an object")
-            _require_text(entry.get("fetched_at"), TIME, f"{at}.fetched_at")
-            _check_verifications(_or_empty(entry.get("verifications")), f"{at}.verifications")
+            path = (*env_path, "checkpoints", checkpoint)
+            _check_name(checkpoint, NAME, path, "checkpoint ids")
+            _check_text(_object(entry, path), ENTRY_TEXT, path)
+            verifications = _object(entry.get("verifications"), (*path, "verifications"))
+            for cluster, by_kind in verifications.items():
+                cluster_path = (*path, "verifications", cluster)
+                for kind, record in _object(by_kind, cluster_path).items():
+                    record_path = (*cluster_path, kind)
+                    _check_name(kind, SHORT, record_path, "device kinds")
+                    _check_text(_object(record, record_path), RECORD_TEXT, record_path)
+                    for field in RECORD_OBJECTS:
+                        if not isinstance(record.get(field), dict | None):
+                            raise ManifestShapeError(
+                                f"{_where(record_path)}.{field}: not an object"
+                            )
 
 
-def _check_verifications(verifications: Any, where: str) -> None:
-    _require(isinstance(verifications, dict), f"{where} must be an object")
-    for cluster, by_kind in verifications.items():
-        _require(isinstance(by_kind, dict), f"{where}[{cluster[:40]!r}] must be an object")
-        for kind, record in by_kind.items():
-            at = f"{where}[{cluster[:40]!r}][{kind[:20]!r}]"
-            _require(0 < len(kind) <= SHORT, f"{at}: device kinds are 1-{SHORT} characters")
-            _require(isinstance(record, dict), f"{at} must be an object")
-            _require_text(record.get("at"), TIME, f"{at}.at")
-            _require_text(record.get("state"), SHORT, f"{at}.state")
-            _require_text(record.get("device"), NAME, f"{at}.device")
-            message = record.get("message")
-            _require(message is None or isinstance(message, str), f"{at}.message: not text")
-            build = record.get("build")
-            _require(build is None or isinstance(build, dict), f"{at}.build: not an object")
-            fingerprint = record.get("fingerprint")
-            _require(
-                fingerprint is None or isinstance(fingerprint, dict),
-                f"{at}.fingerprint: not an object",
-            )
+def _where(path: tuple[str, ...]) -> str:
+    """``envs['mace'].checkpoints['mace-small']`` (long keys cut short)."""
+    text = path[0]
+    for index, key in enumerate(path[1:], start=1):
+        text += f"[{key[:40]!r}]" if index % 2 else f".{key}"
+    return text
 
 
-def _or_empty(value: Any) -> Any:
-    return {} if value is None else value
+def _object(value: Any, path: tuple[str, ...]) -> dict:
+    """``value`` as an object (None is an empty one), or a refusal naming ``path``."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ManifestShapeError(f"{_where(path)} must be an object")
+    return value
 
 
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise ManifestShapeError(message)
+def _check_name(name: str, limit: int, path: tuple[str, ...], what: str) -> None:
+    if not 0 < len(name) <= limit:
+        raise ManifestShapeError(f"{_where(path)}: {what} are 1-{limit} characters")
 
 
-def _require_text(value: Any, limit: int, where: str) -> None:
-    _require(
-        value is None or (isinstance(value, str) and len(value) <= limit),
-        f"{where}: must be text of at most {limit} characters, or null",
-    )
+def _check_text(obj: dict, fields: dict[str, int | None], path: tuple[str, ...]) -> None:
+    for field, limit in fields.items():
+        value = obj.get(field)
+        if value is None or (isinstance(value, str) and (limit is None or len(value) <= limit)):
+            continue
+        bound = "" if limit is None else f" of at most {limit} characters"
+        raise ManifestShapeError(f"{_where(path)}.{field}: must be text{bound}, or null")
 
 
 def _rows_from_manifest(
@@ -254,7 +264,8 @@ def _insert_new_events(session: Session, cluster_id: int, rows: list[dict]) -> N
             from sqlalchemy.dialects.sqlite import insert as upsert
         else:
             from sqlalchemy.dialects.postgresql import insert as upsert
-        session.execute(upsert(VerificationEvent).on_conflict_do_nothing(), rows)
+        statement = upsert(VerificationEvent.__table__).on_conflict_do_nothing()
+        session.connection().execute(statement, rows)
         return
     columns = (
         VerificationEvent.env,
@@ -266,7 +277,7 @@ def _insert_new_events(session: Session, cluster_id: int, rows: list[dict]) -> N
     stored = {tuple(row) for row in session.execute(query)}
     fresh = [r for r in rows if _event_key(r) not in stored]
     if fresh:
-        session.execute(insert(VerificationEvent), fresh)
+        session.connection().execute(insert(VerificationEvent.__table__), fresh)
 
 
 def _event_key(row: dict[str, Any]) -> tuple[str, str, str, str]:

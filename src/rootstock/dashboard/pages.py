@@ -115,28 +115,26 @@ def coverage_page(
     """The coverage matrix: checkpoints grouped by family x clusters."""
     family, state = _clean(family), _clean(state)
     with request.app.state.sessions() as session:
-        matrix = views.coverage(session, family=family, state=state)
+        matrix = views.matrix(session, family=family, state=state)
     now = datetime.now(UTC)
     clusters = [
         {
-            "name": c["name"],
-            "title": f"last push {when_label(c['last_push_at'])}",
-            "age": age_label(c["last_push_at"], now),
+            "name": name,
+            "title": f"last push {when_label(views.iso_time(at))}",
+            "age": age_label(views.iso_time(at), now),
         }
-        for c in matrix["clusters"]
+        for name, at in matrix.clusters
     ]
-    names = [c["name"] for c in clusters]
     cell_html: dict[tuple, str] = {}
     groups: list[dict[str, Any]] = []
-    for row in matrix["checkpoints"]:
-        if not groups or groups[-1]["family"] != row["family"]:
-            groups.append({"family": row["family"], "rows": [], "states": set()})
-        cells = [row["cells"].get(name) for name in names]
-        states = {cell["state"] for cell in cells if cell is not None}
+    for checkpoint, row_family, cells in matrix.rows:
+        if not groups or groups[-1]["family"] != row_family:
+            groups.append({"family": row_family, "rows": [], "states": set()})
+        states = {cell[1] for cell in cells if cell is not None}
         groups[-1]["states"] |= states
         groups[-1]["rows"].append(
             {
-                "checkpoint": row["checkpoint"],
+                "checkpoint": checkpoint,
                 "states": " ".join(sorted(states)),
                 # Markup: every value in the cells was escaped by _cell.
                 "cells": Markup("".join([_cell(cell, now, cell_html) for cell in cells])),
@@ -150,22 +148,22 @@ def coverage_page(
         nav="coverage",
         clusters=clusters,
         groups=groups,
-        families=matrix["families"],
+        families=matrix.families,
         states=PAGE_STATES,
         state_help=STATE_HELP,
         state_class=state_class,
         family=family,
         state=state,
         filtered=bool(family or state),
-        rows=len(matrix["checkpoints"]),
-        generated_at=when_label(matrix["generated_at"]),
+        rows=len(matrix.rows),
+        generated_at=when_label(views.iso_time(matrix.generated_at)),
     )
 
 
 EMPTY_CELL = '<td class="s-none">·</td>'
 
 
-def _cell(cell: dict[str, Any] | None, now: datetime, cache: dict[tuple, str]) -> str:
+def _cell(cell: views.Cell | None, now: datetime, cache: dict[tuple, str]) -> str:
     """One matrix cell as HTML, every value in it escaped.
 
     Built here rather than in the template because a 50 x 300 matrix is 15,000 cells:
@@ -175,10 +173,9 @@ def _cell(cell: dict[str, Any] | None, now: datetime, cache: dict[tuple, str]) -
     """
     if cell is None:
         return EMPTY_CELL
-    key = (cell["state"], cell["verified_at"], cell["device_kind"], cell["env"], cell["message"])
-    html = cache.get(key)
+    html = cache.get(cell)
     if html is None:
-        state, verified_at, kind, env, message = key
+        env, state, verified_at, kind, message = cell
         lines = [f"{state} ({kind})" if kind else state]
         if verified_at:
             lines.append(f"checked {verified_at}")
@@ -189,7 +186,7 @@ def _cell(cell: dict[str, Any] | None, now: datetime, cache: dict[tuple, str]) -
             f'<td class="{escape(state_class(state))}" title="{escape(chr(10).join(lines))}">'
             f"{escape(state)}<small>{escape(age_label(verified_at, now))}</small></td>"
         )
-        cache[key] = html
+        cache[cell] = html
     return html
 
 

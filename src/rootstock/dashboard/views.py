@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -33,13 +34,67 @@ def iso_time(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat(timespec="seconds")
 
 
+# One matrix cell: (env, state, verified_at, device_kind, message).
+Cell = tuple[str, str, str | None, str | None, str | None]
+
+
+@dataclass
+class Matrix:
+    """The coverage matrix in compact form, shared by the JSON view and the page.
+
+    ``clusters``: the columns as ``(name, last_push_at)``; ``rows``: one
+    ``(checkpoint, family, cells)`` per checkpoint, sorted by family then id, where
+    ``cells`` lines up with ``clusters`` (None where a cluster lacks the checkpoint).
+    """
+
+    generated_at: datetime
+    clusters: list[tuple[str, datetime | None]]
+    families: list[str]
+    rows: list[tuple[str, str, list[Cell | None]]]
+
+
 def coverage(
     session: Session,
     family: str | None = None,
     state: str | None = None,
     cluster: str | None = None,
 ) -> dict[str, Any]:
-    """The checkpoint x cluster matrix (``GET /api/v1/coverage``).
+    """The checkpoint x cluster matrix (``GET /api/v1/coverage``); see :func:`matrix`."""
+    found = matrix(session, family=family, state=state, cluster=cluster)
+    names = [name for name, _ in found.clusters]
+    return {
+        "version": COVERAGE_VERSION,
+        "generated_at": iso_time(found.generated_at),
+        "clusters": [{"name": n, "last_push_at": iso_time(at)} for n, at in found.clusters],
+        "families": found.families,
+        "checkpoints": [
+            {
+                "checkpoint": checkpoint,
+                "family": row_family,
+                "cells": {
+                    name: {
+                        "env": cell[0],
+                        "state": cell[1],
+                        "verified_at": cell[2],
+                        "device_kind": cell[3],
+                        "message": cell[4],
+                    }
+                    for name, cell in zip(names, cells, strict=True)
+                    if cell is not None
+                },
+            }
+            for checkpoint, row_family, cells in found.rows
+        ],
+    }
+
+
+def matrix(
+    session: Session,
+    family: str | None = None,
+    state: str | None = None,
+    cluster: str | None = None,
+) -> Matrix:
+    """The coverage matrix: three queries whatever its size.
 
     Columns are the clusters that have pushed; rows are checkpoints sorted by
     family, then id. ``family`` keeps that family's rows, ``state`` the rows with at
@@ -47,15 +102,16 @@ def coverage(
     rows it has). ``families`` lists every family, whatever the filters, so a
     filter form can offer them all.
     """
-    column_query = select(Cluster.name, Cluster.last_push_at).where(
+    column_query = select(Cluster.id, Cluster.name, Cluster.last_push_at).where(
         Cluster.last_push_at.is_not(None)
     )
     if cluster:
         column_query = column_query.where(Cluster.name == cluster)
     columns = session.execute(column_query.order_by(Cluster.name)).all()
+    index = {cluster_id: i for i, (cluster_id, _, _) in enumerate(columns)}
 
     cell_query = select(
-        Cluster.name,
+        CoverageCell.cluster_id,
         CoverageCell.checkpoint,
         CoverageCell.family,
         CoverageCell.env,
@@ -63,61 +119,63 @@ def coverage(
         CoverageCell.verified_at,
         CoverageCell.device_kind,
         CoverageCell.message,
-    ).join(Cluster, Cluster.id == CoverageCell.cluster_id)
+    )
     if cluster:
-        cell_query = cell_query.where(Cluster.name == cluster)
+        cell_query = cell_query.where(CoverageCell.cluster_id.in_(list(index)))
     if family:
         cell_query = cell_query.where(CoverageCell.family == family)
     if state:
         having_state = select(CoverageCell.checkpoint).where(CoverageCell.state == state)
         if cluster:
-            having_state = having_state.join(Cluster, Cluster.id == CoverageCell.cluster_id).where(
-                Cluster.name == cluster
-            )
+            having_state = having_state.where(CoverageCell.cluster_id.in_(list(index)))
         cell_query = cell_query.where(CoverageCell.checkpoint.in_(having_state))
     # Core execution: the ORM's row loading costs a third of this view at 15,000 cells.
     rows = session.connection().execute(cell_query).all()
     families = session.execute(
         select(CoverageCell.family).distinct().order_by(CoverageCell.family)
     ).scalars()
-    return {
-        "version": COVERAGE_VERSION,
-        "generated_at": iso_time(utc_now()),
-        "clusters": [{"name": n, "last_push_at": iso_time(at)} for n, at in columns],
-        "families": list(families),
-        "checkpoints": _matrix_rows(rows),
-    }
+    return Matrix(
+        generated_at=utc_now(),
+        clusters=[(name, at) for _, name, at in columns],
+        families=list(families),
+        rows=_group_rows(rows, index),
+    )
 
 
-def _matrix_rows(rows: list) -> list[dict[str, Any]]:
-    """Group cell rows into one row per checkpoint.
+def _group_rows(rows: list, index: dict[int, int]) -> list[tuple[str, str, list[Cell | None]]]:
+    """Group cell rows into one row per checkpoint, cells lined up with the columns.
 
     One checkpoint id can be served by two envs on one cluster (a ``CLUSTERS``
     variant next to the universal env); the cell shown is then the one verified
     most recently, and the row's family is the env most cells name.
     """
-    cells: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-    family_votes: dict[str, Counter] = defaultdict(Counter)
-    for name, checkpoint, family, env, state, verified_at, kind, message in rows:
-        family_votes[checkpoint][family] += 1
-        current = cells[checkpoint].get(name)
-        if current is not None and (current["verified_at"] or "") >= (verified_at or ""):
+    width = len(index)
+    grouped: dict[str, list[Cell | None]] = {}
+    first_family: dict[str, str] = {}
+    mixed: set[str] = set()  # checkpoints served by more than one env
+    for cluster_id, checkpoint, family, env, state, verified_at, kind, message in rows:
+        column = index.get(cluster_id)
+        if column is None:
+            continue  # a cluster that never pushed cannot have cells; be safe anyway
+        cells = grouped.get(checkpoint)
+        if cells is None:
+            cells = grouped[checkpoint] = [None] * width
+            first_family[checkpoint] = family
+        elif family != first_family[checkpoint]:
+            mixed.add(checkpoint)
+        current = cells[column]
+        if current is not None and (current[2] or "") >= (verified_at or ""):
             continue
-        cells[checkpoint][name] = {
-            "env": env,
-            "state": state,
-            "verified_at": verified_at,
-            "device_kind": kind,
-            "message": message,
-        }
-    matrix = []
-    for checkpoint, by_cluster in cells.items():
-        votes = family_votes[checkpoint]
-        family = min(votes, key=lambda f: (-votes[f], f))
-        ordered = {name: by_cluster[name] for name in sorted(by_cluster)}
-        matrix.append({"checkpoint": checkpoint, "family": family, "cells": ordered})
-    matrix.sort(key=lambda row: (row["family"], row["checkpoint"]))
-    return matrix
+        cells[column] = (env, state, verified_at, kind, message)
+    out = []
+    for checkpoint, cells in grouped.items():
+        family = first_family[checkpoint]
+        if checkpoint in mixed:
+            votes = Counter(cell[0] for cell in cells if cell is not None)  # env = family
+            family = min(votes, key=lambda f: (-votes[f], f))
+        out.append((checkpoint, family, cells))
+    out.sort(key=lambda row: (row[1], row[0]))
+    return out
 
 
 def cluster_list(session: Session) -> dict[str, Any]:
