@@ -19,10 +19,11 @@ import logging
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 
-from rootstock.dashboard import api
+from rootstock.dashboard import api, pages
 from rootstock.dashboard.db import make_engine, make_sessionmaker
 from rootstock.dashboard.middleware import GuardMiddleware
 
@@ -59,25 +60,22 @@ def create_app(db_url: str, *, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
         target.state.max_body = max_body
         _add_error_handlers(target)
     app.mount("/api/v1", api_app)
-    pages = _pages_router()
-    if pages is not None:
-        app.include_router(pages)
+    app.include_router(pages.router)
     app.add_middleware(GuardMiddleware, sessions=sessions, max_body=max_body)
     return app
 
 
-def _pages_router():
-    try:
-        from rootstock.dashboard import pages
-    except ImportError as exc:
-        # The pages module is optional only while it is being written.
-        if exc.name != "rootstock.dashboard.pages":
-            raise
-        return None
-    return pages.router
-
-
 def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes each error's input: the whole body for a model-level
+        # error (megabytes, and a NaN in it could not even be encoded as JSON).
+        errors = [
+            {"type": e.get("type"), "loc": list(e.get("loc", ())), "msg": e.get("msg")}
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": errors}, status_code=422)
+
     @app.exception_handler(IntegrityError)
     async def conflict(request: Request, exc: IntegrityError) -> JSONResponse:
         log.warning("conflicting write on %s: %s", request.url.path, exc.orig)

@@ -110,9 +110,10 @@ class GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
-                # Read (and drop) up to as much again, so that a client still sending
-                # sees the 413 instead of a connection reset; past that, stop reading.
-                await _drain(receive, self.max_body)
+                if message.get("more_body", False):
+                    # Read (and drop) up to as much again, so that a client still sending
+                    # sees the 413 instead of a connection reset; past that, stop reading.
+                    await _drain(receive, self.max_body)
                 raise BodyTooLarge
             chunks.append(chunk)
             if not message.get("more_body", False):
