@@ -258,3 +258,32 @@ def test_a_key_for_another_cluster_is_a_warning_naming_the_cause(site, tmp_path)
     assert refused.returncode == 1
     assert "not scoped to cluster" in refused.stderr and "Traceback" not in refused.stderr
     assert site.push_count() == before
+
+
+def test_usage_push_reaches_the_usage_page_and_never_double_counts(site):
+    spool = site.root / "usage"
+    spool.mkdir(exist_ok=True)
+    for i, user in enumerate(("0" * 32, "1" * 32)):
+        record = {
+            "version": 1,
+            "env": "gated",
+            "checkpoint": "e2e-a",
+            "device": "cpu",
+            "entry_point": "calculator",
+            "start": f"2026-10-0{i + 1}T10:00:00Z",
+            "duration_s": 2.0,
+            "force_calls": 5,
+            "user": user,
+        }
+        (spool / f"20261001T100000Z-{i}.json").write_text(json.dumps(record))
+    for _ in range(2):  # a repeated push replaces the month's counts
+        pushed = site.cli("usage", "push", "--json")
+        doc = json.loads(pushed.stdout)
+        assert doc["ok"] and doc["results"][0]["cluster"] == site.cluster
+        assert doc["results"][0]["response"]["rows"] == 1
+    page = httpx.get(f"{site.dashboard.url}usage", params={"month": "2026-10"}, timeout=10)
+    assert page.status_code == 200
+    row = re.search(r'<tr data-checkpoint="e2e-a">(.*?)</tr>', page.text, re.DOTALL)
+    assert row, page.text
+    # clusters, sessions, distinct users, force calls
+    assert re.findall(r'<td class="num">(\d+)</td>', row.group(1)) == ["1", "2", "2", "10"]

@@ -32,7 +32,7 @@ from rootstock.cli.common import emit_json, layout_from, root_options
 )
 @click.option(
     "--push-every",
-    type=int,
+    type=click.IntRange(min=1),
     metavar="N",
     help="Push a manifest snapshot to the dashboard after every N results.",
 )
