@@ -162,7 +162,8 @@ def test_install_add_and_smoke_test_reach_the_dashboard(site):
     before = site.push_count()
     assert before >= 1 + len(CHECKPOINTS)
 
-    smoke = site.cli("smoke-test", "--push-every", "1", "--device", "cpu")
+    # Two jobs: results arrive from two threads, snapshots still go one at a time.
+    smoke = site.cli("smoke-test", "--push-every", "1", "--jobs", "2", "--device", "cpu")
     assert "warning" not in smoke.stderr, smoke.stderr
     # At least the first snapshot (later ones may coalesce while one is in flight)
     # and the final push after the last result.
