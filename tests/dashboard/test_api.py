@@ -314,10 +314,14 @@ def _wrong_shapes(cluster: str) -> dict[str, object]:
     }
 
 
-@pytest.mark.parametrize("shape", [*list(_wrong_shapes("x")), "invalid JSON", "empty body", "NaN"])
+@pytest.mark.parametrize(
+    "shape", [*list(_wrong_shapes("x")), "not UTF-8", "invalid JSON", "empty body", "NaN"]
+)
 def test_malformed_manifest_gets_422(live_dashboard, shape):
     cluster, auth = live_dashboard.cluster_with_key()
-    if shape == "invalid JSON":
+    if shape == "not UTF-8":
+        body = b'{"schema_version": "\xff\xfe"}'
+    elif shape == "invalid JSON":
         body = b'{"schema_version": 1, '
     elif shape == "empty body":
         body = b""

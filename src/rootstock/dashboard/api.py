@@ -61,6 +61,11 @@ def session_of(request: Request) -> Iterator[Session]:
 SessionDep = Annotated[Session, Depends(session_of)]
 
 
+def unprocessable(loc: list[str], message: str) -> HTTPException:
+    """A 422 shaped like FastAPI's validation errors (``detail`` is a list)."""
+    return HTTPException(422, [{"type": "value_error", "loc": loc, "msg": message}])
+
+
 def _known_name(cluster: str) -> bool:
     # A name that could never have been added is unknown without asking the database.
     return bool(CLUSTER_NAME_PATTERN.fullmatch(cluster))
@@ -94,8 +99,8 @@ def put_manifest(
 ) -> JSONResponse:
     """Store one cluster's view of an install manifest as its current state."""
     if cluster not in body.clusters:
-        raise HTTPException(
-            422, f"the manifest's clusters {body.clusters} do not include {cluster!r}"
+        raise unprocessable(
+            ["body", "clusters"], f"the manifest's clusters do not include {cluster!r}"
         )
     manifest = body.model_dump(exclude_unset=True)
     begin_write(session)
@@ -104,7 +109,7 @@ def put_manifest(
         push = ingest.store_push(session, target, manifest, _key_id(request))
     except ingest.ManifestShapeError as exc:
         session.rollback()
-        raise HTTPException(422, f"the manifest cannot be stored: {exc}") from None
+        raise unprocessable(["body"], f"the manifest cannot be stored: {exc}") from None
     push.handling_ms = _elapsed_ms(request)
     session.commit()
     return JSONResponse(

@@ -19,9 +19,11 @@ import logging
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rootstock.dashboard import api, pages
 from rootstock.dashboard.db import make_engine, make_sessionmaker
@@ -66,6 +68,15 @@ def create_app(db_url: str, *, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400 and request.method not in ("GET", "HEAD", "OPTIONS"):
+            # FastAPI answers 400 for a body that is not UTF-8; the API promises 422
+            # for every body that is not JSON.
+            error = {"type": "json_invalid", "loc": ["body"], "msg": "the body is not UTF-8 JSON"}
+            return JSONResponse({"detail": [error]}, status_code=422)
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's default echoes each error's input: the whole body for a model-level
@@ -97,4 +108,5 @@ def _add_error_handlers(app: FastAPI) -> None:
         # The database refused a value the request validation let through (a bug in
         # the validation, but the request's own problem, so a 422 and not a 500).
         log.error("database refused a value on %s: %s", request.url.path, exc.orig)
-        return JSONResponse({"detail": "the database refused a value in this request"}, 422)
+        error = {"type": "value_error", "loc": ["body"], "msg": "the database refused a value"}
+        return JSONResponse({"detail": [error]}, 422)
