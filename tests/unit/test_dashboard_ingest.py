@@ -162,6 +162,9 @@ def test_repeated_verifications_are_stored_once(sessions):
         ("gpu", "verified", "2026-11-28T10:00:00+00:00"),
     ]
     assert row["history"][0]["energy_per_atom"] == -3.8
+    with sessions() as session:
+        (short,) = views.cluster_detail(session, "delta", history_limit=2)["checkpoints"]
+    assert short["history"] == row["history"][:2]
 
 
 def test_rebuilt_env_makes_its_verifications_stale(sessions):

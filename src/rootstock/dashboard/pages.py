@@ -238,6 +238,7 @@ def cluster_page(request: Request, name: str) -> HTMLResponse:
         envs=envs,
         checkpoints=checkpoints,
         history=history,
+        history_limit=views.HISTORY_LIMIT,
         pushes=[{**p, "when": when_label(p["received_at"])} for p in pushes["pushes"]],
         last_push=when_label(detail["last_push_at"]),
         last_push_age=age_label(detail["last_push_at"], now),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from rootstock.dashboard.models import (
@@ -27,6 +27,7 @@ from rootstock.dashboard.models import (
 )
 
 COVERAGE_VERSION = 1
+HISTORY_LIMIT = 20  # verification events per checkpoint on the cluster page
 
 
 def iso_time(moment: datetime | None) -> str | None:
@@ -245,12 +246,15 @@ def push_history(session: Session, name: str, limit: int = 50) -> dict[str, Any]
     }
 
 
-def cluster_detail(session: Session, name: str) -> dict[str, Any] | None:
+def cluster_detail(
+    session: Session, name: str, history_limit: int = HISTORY_LIMIT
+) -> dict[str, Any] | None:
     """What the cluster page shows; None for an unknown cluster.
 
     ``envs``: each env of the latest push with its versions; ``checkpoints``: each
-    current cell with its verification ``history`` (newest first, every device kind);
-    ``retired``: history of checkpoints the latest push no longer carries.
+    current cell with its verification ``history`` (newest first, every device kind,
+    at most ``history_limit`` per checkpoint, since a nightly smoke-test adds one a
+    day); ``retired``: history of checkpoints the latest push no longer carries.
     """
     cluster = session.execute(select(Cluster).where(Cluster.name == name)).scalar()
     if cluster is None:
@@ -263,9 +267,23 @@ def cluster_detail(session: Session, name: str) -> dict[str, Any] | None:
         .where(CoverageCell.cluster_id == cluster.id)
         .order_by(CoverageCell.family, CoverageCell.checkpoint)
     ).scalars()
+    rank = (
+        func.row_number()
+        .over(
+            partition_by=(VerificationEvent.env, VerificationEvent.checkpoint),
+            order_by=(VerificationEvent.at.desc(), VerificationEvent.device_kind),
+        )
+        .label("rank")
+    )
+    ranked = (
+        select(VerificationEvent.id, rank)
+        .where(VerificationEvent.cluster_id == cluster.id)
+        .subquery()
+    )
     events = session.execute(
         select(VerificationEvent)
-        .where(VerificationEvent.cluster_id == cluster.id)
+        .join(ranked, ranked.c.id == VerificationEvent.id)
+        .where(ranked.c.rank <= history_limit)
         .order_by(VerificationEvent.at.desc(), VerificationEvent.device_kind)
     ).scalars()
     history: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
