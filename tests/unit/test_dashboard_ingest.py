@@ -7,6 +7,7 @@ the server); everything else is the real code path the API uses.
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -133,6 +134,17 @@ def test_second_push_replaces_the_first(sessions):
                 "checkpoints": 3,
             }
         ]
+
+
+def test_the_body_as_received_is_kept(sessions):
+    body = manifest("delta", {"mace": {"mace-small": {}}})
+    text = json.dumps(body, indent=1)
+    with sessions() as session:
+        cluster = add_cluster(session, "delta")
+        stored = store_push(session, cluster, body, None, body=text)
+        session.commit()
+        assert session.get(ManifestPush, stored.id).body == text
+        assert views.latest_manifest(session, "delta")["manifest"] == body
 
 
 def test_repeated_verifications_are_stored_once(sessions):
