@@ -439,3 +439,26 @@ def test_fifty_concurrent_pushes_from_ten_clusters_are_all_stored(live_dashboard
         cells = [row["cells"][name] for row in coverage["checkpoints"] if name in row["cells"]]
         assert len(cells) == 30
         assert {cell["state"] for cell in cells} == {"verified"}
+
+
+# --- the database failing under the server -------------------------------------------------
+def test_database_failure_is_a_clean_503(dashboard_backend, new_database, start_dashboard):
+    """A table gone from under the server (a stand-in for a broken database): JSON 503s."""
+    from sqlalchemy import text
+
+    from rootstock.dashboard.db import database_url, make_engine
+
+    server = start_dashboard(new_database(dashboard_backend))
+    cluster, auth = server.cluster_with_key()
+    engine = make_engine(database_url(server.db_url))
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE coverage_cells"))
+    engine.dispose()
+    reads = httpx.get(f"{server.url}api/v1/coverage")
+    write = put_manifest(server, cluster, simple(cluster), auth)
+    for response in (reads, write):
+        assert response.status_code == 503, response.text
+        assert response.headers["retry-after"] == "5"
+        assert "unavailable" in response.json()["detail"]
+    # Reads that do not touch the lost table still work.
+    assert httpx.get(f"{server.url}api/v1/clusters").status_code == 200

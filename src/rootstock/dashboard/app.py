@@ -8,9 +8,10 @@ limit, ``Server-Timing``), the API sub-application with its own OpenAPI schema a
 :func:`rootstock.dashboard.db.migrate` first.
 
 Errors are answered as JSON with the status the API reference documents. A
-database that cannot be reached is a ``503`` with ``Retry-After`` (the client's
-retry is the fix); a conflicting concurrent write that could not be settled is a
-``409``. Anything else escaping a handler would be a bug, and stays a ``500``.
+database that cannot be used (unreachable, out of connections) is a ``503`` with
+``Retry-After``, and logged: the client's retry is the fix. A conflicting concurrent
+write that could not be settled is a ``409``; a value the database refused is a
+``422``. Anything else escaping a handler would be a bug, and stays a ``500``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rootstock.dashboard import api, pages
@@ -94,19 +95,21 @@ def _add_error_handlers(app: FastAPI) -> None:
             {"detail": "a concurrent write conflicted with this one; retry"}, status_code=409
         )
 
-    @app.exception_handler(OperationalError)
-    async def unavailable(request: Request, exc: OperationalError) -> JSONResponse:
-        log.error("database unavailable on %s: %s", request.url.path, exc.orig)
+    @app.exception_handler(DataError)
+    async def refused(request: Request, exc: DataError) -> JSONResponse:
+        # The database refused a value that validation let through: a gap in the
+        # validation, but the request's own value, so a 422 rather than a 500.
+        log.error("database refused a value on %s: %s", request.url.path, exc.orig)
+        error = {"type": "value_error", "loc": ["body"], "msg": "the database refused a value"}
+        return JSONResponse({"detail": [error]}, 422)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def unavailable(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        # Unreachable, restarting, out of connections, or its schema not what this
+        # server expects: the server's problem, which the client can only wait out.
+        log.error("database error on %s: %s", request.url.path, getattr(exc, "orig", exc))
         return JSONResponse(
             {"detail": "the dashboard database is unavailable; retry later"},
             status_code=503,
             headers={"Retry-After": "5"},
         )
-
-    @app.exception_handler(DBAPIError)
-    async def refused(request: Request, exc: DBAPIError) -> JSONResponse:
-        # The database refused a value the request validation let through (a bug in
-        # the validation, but the request's own problem, so a 422 and not a 500).
-        log.error("database refused a value on %s: %s", request.url.path, exc.orig)
-        error = {"type": "value_error", "loc": ["body"], "msg": "the database refused a value"}
-        return JSONResponse({"detail": [error]}, 422)

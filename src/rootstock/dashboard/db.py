@@ -97,7 +97,7 @@ def make_engine(url: str) -> Engine:
         return _sqlite_engine(url, parsed.database)
     try:
         # pool_pre_ping: a server restart between requests costs a reconnect, not a 5xx.
-        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30)
     except (NoSuchModuleError, ImportError) as exc:
         raise DashboardDatabaseError(
             f"no database driver for {describe_url(url)}: {exc}",
