@@ -150,11 +150,20 @@ class Dashboard:
         self._engine.dispose()
 
     # --- credentials (written straight to the database, as the CLI does) -------------
+    @contextlib.contextmanager
+    def _write(self):
+        from rootstock.dashboard.db import begin_write
+
+        with self._sessions() as session:
+            begin_write(session)
+            yield session
+            session.commit()
+
     def add_cluster(self, name: str) -> str:
         """Register cluster ``name``; returns it."""
         from rootstock.dashboard import credentials
 
-        with self._sessions.begin() as session:
+        with self._write() as session:
             credentials.add_cluster(session, name)
         return name
 
@@ -162,7 +171,7 @@ class Dashboard:
         """A new key scoped to ``clusters``: ``(api_key, api_secret)``."""
         from rootstock.dashboard import credentials
 
-        with self._sessions.begin() as session:
+        with self._write() as session:
             issued = credentials.issue_key(session, list(clusters), maintainer)
         return issued.key_id, issued.secret
 
@@ -170,7 +179,7 @@ class Dashboard:
         """Revoke ``key``."""
         from rootstock.dashboard import credentials
 
-        with self._sessions.begin() as session:
+        with self._write() as session:
             credentials.revoke_key(session, key)
 
     def cluster_with_key(self, prefix: str = "c") -> tuple[str, dict[str, str]]:

@@ -71,12 +71,15 @@ def _transaction(db: str | None) -> Iterator[Session]:
     """A session on ``--db`` in one transaction, committed on success."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from rootstock.dashboard.db import make_sessionmaker, unreachable
+    from rootstock.dashboard.db import begin_write, make_sessionmaker, unreachable
 
     engine = _migrated_engine(db)
     try:
-        with make_sessionmaker(engine).begin() as session:
+        with make_sessionmaker(engine)() as session:
+            # A write transaction from the start: a running server may be writing too.
+            begin_write(session)
             yield session
+            session.commit()
     except SQLAlchemyError as exc:
         raise unreachable(engine, exc) from None
     finally:

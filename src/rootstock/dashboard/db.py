@@ -11,11 +11,15 @@ without waiting); on PostgreSQL the caller locks the cluster row it writes under
 from __future__ import annotations
 
 import os
+import sqlite3
+import threading
+import time
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 from rootstock.errors import RootstockError
@@ -25,6 +29,8 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # The execution option that asks for a write transaction (see begin_write).
 WRITE_OPTION = "rootstock_write"
+# Marks a connection whose transaction holds this process's SQLite writer lock.
+_HOLDS_WRITERS = "rootstock_holds_writers"
 # Any constant: the PostgreSQL advisory lock that serialises concurrent migrations.
 MIGRATION_LOCK_ID = 7_201_177
 
@@ -128,20 +134,63 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
         # between a read (deferred) and a write (immediate) transaction.
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        _use_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         # WAL with synchronous=NORMAL is still crash-safe (a power cut may lose the
         # last commits, never corrupt the file) and spares an fsync per push.
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
 
+    # Writers of this process queue on a lock before asking SQLite for its write lock:
+    # a writer refused by SQLite polls with growing sleeps (its busy handler), so ten
+    # concurrent pushes would wait far longer than the few milliseconds each holds it.
+    # BEGIN IMMEDIATE still guards against other processes (the CLI, a second server).
+    writers = threading.Lock()
+
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:
-        write = conn.get_execution_options().get(WRITE_OPTION, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+        if not conn.get_execution_options().get(WRITE_OPTION, False):
+            conn.exec_driver_sql("BEGIN")
+            return
+        if not writers.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
+            raise PoolTimeoutError("timed out waiting for the SQLite write lock")
+        conn.info[_HOLDS_WRITERS] = True
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        except BaseException:
+            _release(conn.info)
+            raise
 
+    def _release(info: dict) -> None:
+        if info.pop(_HOLDS_WRITERS, False):
+            writers.release()
+
+    # After the transaction ends, however it ends (commit, rollback, or the pool
+    # resetting a connection returned mid-transaction).
+    event.listen(engine, "commit", lambda conn: _release(conn.info))
+    event.listen(engine, "rollback", lambda conn: _release(conn.info))
+    event.listen(engine.pool, "checkin", lambda _dbapi, record: _release(record.info))
     return engine
+
+
+def _use_wal(cursor) -> None:
+    """Switch the database file to WAL (kept in the file, so once is enough).
+
+    SQLite answers "database is locked" at once, without its busy handler, when two
+    connections race to switch a fresh file: retry for up to the busy timeout.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if cursor.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                return
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
