@@ -120,6 +120,7 @@ def test_coverage_states_and_filters(live_dashboard):
     assert put_manifest(live_dashboard, cluster, simple(cluster), auth).status_code == 200
     coverage = httpx.get(f"{live_dashboard.url}api/v1/coverage", params={"cluster": cluster})
     assert coverage.status_code == 200
+    assert float(coverage.headers["server-timing"].removeprefix("app;dur=")) >= 0
     cells = {r["checkpoint"]: r["cells"][cluster] for r in coverage.json()["checkpoints"]}
     assert cells["mace-mp-0-small"]["state"] == "verified"
     assert cells["mace-mp-0-small"]["verified_at"] == "2026-11-28T10:00:00+00:00"
@@ -235,6 +236,7 @@ def test_bad_credentials_get_401_whatever_the_body(live_dashboard, credential, t
         )
         assert response.status_code == 401, (endpoint, response.text)
         assert response.headers["www-authenticate"] == "Bearer"
+        assert response.headers["server-timing"].startswith("app;dur=")
         assert isinstance(response.json()["detail"], str)
     assert httpx.get(f"{live_dashboard.url}api/v1/clusters/{cluster}/pushes").json()["pushes"] == []
 

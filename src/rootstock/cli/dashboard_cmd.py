@@ -230,12 +230,20 @@ def keys(db, as_json):
         click.echo("no keys issued yet (rootstock dashboard issue-key)")
         return
     tab = table(None, ["key", "maintainer", "clusters", "created", "revoked"])
+    # The key id is what revoke-key needs: never truncate it on a narrow terminal.
+    tab.columns[0].no_wrap = True
+    tab.columns[0].min_width = len(rows[0]["api_key"])
     for row in rows:
         tab.add_row(
             row["api_key"],
             row["maintainer"],
             ", ".join(row["clusters"]),
-            row["created_at"] or "",
-            row["revoked_at"] or "",
+            _short_time(row["created_at"]),
+            _short_time(row["revoked_at"]),
         )
     console().print(tab)
+
+
+def _short_time(iso: str | None) -> str:
+    """``2026-11-29 13:21`` from an ISO-8601 UTC time (the table's width is precious)."""
+    return "" if not iso else iso[:16].replace("T", " ")
