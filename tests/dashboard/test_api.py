@@ -464,3 +464,30 @@ def test_database_failure_is_a_clean_503(dashboard_backend, new_database, start_
         assert "unavailable" in response.json()["detail"]
     # Reads that do not touch the lost table still work.
     assert httpx.get(f"{server.url}api/v1/clusters").status_code == 200
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16"])
+def test_history_keeps_the_body_readable_whatever_its_encoding(live_dashboard, encoding):
+    cluster, auth = live_dashboard.cluster_with_key()
+    sent = simple(cluster)
+    sent["note"] = "grüße"  # an unknown key, kept
+    body = json.dumps(sent, ensure_ascii=False).encode(encoding)
+    assert put_manifest(live_dashboard, cluster, body, auth).status_code == 200
+    latest = httpx.get(f"{live_dashboard.url}api/v1/clusters/{cluster}/manifest")
+    assert latest.status_code == 200
+    assert latest.json()["manifest"] == sent
+
+
+def test_values_are_not_converted(live_dashboard):
+    """Strict validation: a string where a number belongs is refused, not converted."""
+    cluster, auth = live_dashboard.cluster_with_key()
+    response = put_manifest(
+        live_dashboard, cluster, {**simple(cluster), "schema_version": "1"}, auth
+    )
+    assert response.status_code == 422
+    usage = httpx.post(
+        f"{live_dashboard.url}api/v1/clusters/{cluster}/usage",
+        json={"version": 1, "counts": [usage_row(sessions="12")]},
+        headers=auth,
+    )
+    assert usage.status_code == 422

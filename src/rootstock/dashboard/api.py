@@ -83,6 +83,19 @@ def _key_id(request: Request) -> int | None:
     return request.scope.get("state", {}).get("rootstock_api_key_id")
 
 
+def _body_text(request: Request) -> str | None:
+    # The body as received when it is UTF-8 (less a byte-order mark). JSON may also
+    # come as UTF-16 or -32, which the parser accepts and whose NUL bytes UTF-8 would
+    # let through: then the history keeps the manifest re-serialised instead.
+    raw = request.scope.get("state", {}).get("rootstock_body")
+    if raw is None or b"\x00" in raw:
+        return None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+
+
 def _elapsed_ms(request: Request) -> float | None:
     started = request.scope.get("state", {}).get("rootstock_started")
     return None if started is None else (time.perf_counter() - started) * 1000
@@ -106,7 +119,9 @@ def put_manifest(
     begin_write(session)
     target = _writable_cluster(session, cluster)
     try:
-        push = ingest.store_push(session, target, manifest, _key_id(request))
+        push = ingest.store_push(
+            session, target, manifest, _key_id(request), body=_body_text(request)
+        )
     except ingest.ManifestShapeError as exc:
         session.rollback()
         raise unprocessable(["body"], f"the manifest cannot be stored: {exc}") from None

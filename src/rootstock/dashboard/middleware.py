@@ -11,7 +11,8 @@ A pure ASGI middleware, so that it runs before anything reads the body:
 3. every response carries ``Server-Timing: app;dur=<ms>``, the time from the
    request's arrival to its response headers (the benchmark reads it).
 
-The authenticated key's row id is left in ``scope["state"]`` for the handlers.
+The authenticated key's row id and a write's body are left in ``scope["state"]``
+for the handlers.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class GuardMiddleware:
         except BodyTooLarge:
             await self._too_large(send)
             return
+        # Kept for the handler: a manifest's history row stores the body as received.
+        state["rootstock_body"] = body
         await self.app(scope, _replay(body, receive), send)
 
     def _check_credentials(self, scope: Scope) -> Refusal | None:

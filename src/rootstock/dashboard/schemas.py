@@ -66,9 +66,13 @@ def _text_problem(text: str) -> str | None:
 
 
 class _Open(BaseModel):
-    """An object that keeps keys the dashboard does not know."""
+    """An object that keeps keys the dashboard does not know.
 
-    model_config = ConfigDict(extra="allow")
+    Strict: a value is accepted as sent or refused, never converted ("1" is not an
+    integer), so the body kept as history says exactly what was stored.
+    """
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class BuildRef(_Open):
@@ -136,7 +140,7 @@ class ManifestIn(_Open):
 class UsageCountIn(BaseModel):
     """Aggregated usage of one checkpoint on one cluster in one month."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     month: Annotated[str, StringConstraints(pattern=r"^[0-9]{4}-(0[1-9]|1[0-2])$")]
     env: Name
@@ -157,7 +161,7 @@ class UsageCountIn(BaseModel):
 class UsageIn(BaseModel):
     """``POST .../usage``: monthly counts and nothing else."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     version: Literal[1] = 1
     counts: list[UsageCountIn] = Field(max_length=MAX_USAGE_ROWS)
