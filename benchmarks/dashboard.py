@@ -56,6 +56,7 @@ from _dashboard_data import FAMILIES, encode, synthetic_manifest
 PUSH_CLIENTS = 10
 COVERAGE_TARGET_MS = 300.0
 PUSH_TARGET_MS = 100.0
+START_TIMEOUT = 120.0  # seconds for the pushing clients to connect
 SERVER_TIMING = re.compile(r"(?:^|,)\s*app;dur=([0-9.]+)")
 
 
@@ -305,7 +306,7 @@ def time_pushes(
         try:
             client = Client(server.port)
             client.request("GET", "/api/v1/clusters")  # connect before the start line
-            barrier.wait()
+            barrier.wait(START_TIMEOUT)
             for body in bodies[cluster]:
                 wall, server_ms = client.push(cluster, body, auth[cluster])
                 with lock:
@@ -322,7 +323,7 @@ def time_pushes(
     for thread in threads:
         thread.start()
     with contextlib.suppress(threading.BrokenBarrierError):
-        barrier.wait()  # broken when a client failed to start: its error is raised below
+        barrier.wait(START_TIMEOUT)  # broken when a client failed: its error is raised below
     cpu = server.cpu_seconds()
     start = time.perf_counter()
     for thread in threads:
@@ -426,6 +427,8 @@ def main() -> None:
     parser.add_argument("--pushes", type=int, help="pushes per client (default 20; quick 4)")
     parser.add_argument("--keep", type=Path, help="keep the database and server log here")
     args = parser.parse_args()
+    # A SIGTERM (timeout(1), a CI runner) must still run the teardown that kills the server.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.clusters < PUSH_CLIENTS or args.checkpoints < len(FAMILIES):
         parser.error(f"need at least {PUSH_CLIENTS} clusters and {len(FAMILIES)} checkpoints")
     repeat = args.repeat or (5 if args.quick else 30)
