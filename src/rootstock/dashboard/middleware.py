@@ -8,15 +8,21 @@ A pure ASGI middleware, so that it runs before anything reads the body:
    gets ``403``;
 2. a body over the limit gets ``413``: by its ``Content-Length`` before reading,
    or by counting the bytes of a chunked body as they arrive;
-3. every response carries ``Server-Timing: app;dur=<ms>``, the time from the
-   request's arrival to its response headers (the benchmark reads it).
+3. writes are handled one at a time (a write slot per server process), after
+   their body has arrived, so a slow uploader never holds the slot; one Python
+   process runs one thread at a time anyway, and SQLite has one writer;
+4. every response carries ``Server-Timing: queue;dur=<ms>, app;dur=<ms>``:
+   ``app`` is the handling time, from taking the write slot (or, for a read, from
+   arrival) to the response headers; ``queue`` is the wait for the slot. With many
+   concurrent pushes ``queue`` grows and ``app`` does not (the benchmark reads both).
 
-The authenticated key's row id and a write's body are left in ``scope["state"]``
-for the handlers.
+The authenticated key's row id, a write's body and the time its handling started
+are left in ``scope["state"]`` for the handlers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -50,15 +56,16 @@ class GuardMiddleware:
         self.app = app
         self.sessions = sessions
         self.max_body = max_body
+        self.write_slot = asyncio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = time.perf_counter()
+        timing = Timing(time.perf_counter())
         state = scope.setdefault("state", {})
-        state["rootstock_started"] = started
-        send = _timed(send, started)
+        state["rootstock_started"] = timing.started
+        send = timing.wrap(send)
 
         method = scope["method"].upper()
         is_write = method not in SAFE_METHODS and scope["path"].startswith("/api/")
@@ -85,7 +92,10 @@ class GuardMiddleware:
             return
         # Kept for the handler: a manifest's history row stores the body as received.
         state["rootstock_body"] = body
-        await self.app(scope, _replay(body, receive), send)
+        async with self.write_slot:
+            timing.start_handling()
+            state["rootstock_started"] = timing.started
+            await self.app(scope, _replay(body, receive), send)
 
     def _check_credentials(self, scope: Scope) -> Refusal | None:
         """The refusal for this write's credentials and cluster, or None (runs in a thread)."""
@@ -152,16 +162,32 @@ class Refusal:
         await send({"type": "http.response.body", "body": body})
 
 
-def _timed(send: Send, started: float) -> Send:
-    async def send_with_timing(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            elapsed_ms = (time.perf_counter() - started) * 1000
-            headers = list(message.get("headers", []))
-            headers.append((b"server-timing", f"app;dur={elapsed_ms:.2f}".encode()))
-            message = {**message, "headers": headers}
-        await send(message)
+class Timing:
+    """When a request arrived, and when its handling started (after any queueing)."""
 
-    return send_with_timing
+    def __init__(self, arrived: float) -> None:
+        self.arrived = arrived
+        self.started = arrived
+        self.queued_ms = 0.0
+
+    def start_handling(self) -> None:
+        """Mark the end of the wait for the write slot."""
+        now = time.perf_counter()
+        self.queued_ms += (now - self.started) * 1000
+        self.started = now
+
+    def wrap(self, send: Send) -> Send:
+        """``send`` with a ``Server-Timing`` header added to the response start."""
+
+        async def send_with_timing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                handled_ms = (time.perf_counter() - self.started) * 1000
+                value = f"queue;dur={self.queued_ms:.2f}, app;dur={handled_ms:.2f}"
+                headers = [*message.get("headers", []), (b"server-timing", value.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return send_with_timing
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
