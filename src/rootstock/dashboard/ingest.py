@@ -59,10 +59,7 @@ def store_push(
     """
     check_manifest_shape(manifest)
     name = cluster.name.strip().lower()
-    # Serialise pushes of one cluster (PostgreSQL): two concurrent replaces would
-    # otherwise both delete, then both insert the same cells. SQLite ignores it and
-    # serialises writers anyway.
-    session.execute(select(Cluster.id).where(Cluster.id == cluster.id).with_for_update())
+    _lock_cluster(session, cluster)
 
     envs: dict[str, dict[str, Any]] = manifest.get("envs") or {}
     push = ManifestPush(
@@ -118,6 +115,9 @@ def store_usage(session: Session, cluster: Cluster, counts: list[dict[str, Any]]
         }
     months = sorted({key[0] for key in rows})
     if months:
+        # The cluster row lock store_push takes: two concurrent replaces of one month
+        # would otherwise both delete, then both insert the same rows (PostgreSQL).
+        _lock_cluster(session, cluster)
         session.execute(
             delete(UsageCount).where(
                 UsageCount.cluster_id == cluster.id, UsageCount.month.in_(months)
@@ -126,6 +126,16 @@ def store_usage(session: Session, cluster: Cluster, counts: list[dict[str, Any]]
         session.connection().execute(insert(UsageCount.__table__), list(rows.values()))
     session.flush()
     return len(rows)
+
+
+def _lock_cluster(session: Session, cluster: Cluster) -> None:
+    """Hold ``cluster``'s row until the transaction ends, serialising its writes.
+
+    On PostgreSQL, two server processes replacing the same cluster's rows at once
+    would otherwise both delete, then both insert the same keys. SQLite ignores
+    ``FOR UPDATE`` and serialises writers anyway.
+    """
+    session.execute(select(Cluster.id).where(Cluster.id == cluster.id).with_for_update())
 
 
 # The stored text fields at each level, with their column's length limit.
