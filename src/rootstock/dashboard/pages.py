@@ -21,6 +21,7 @@ from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 
 from rootstock.dashboard import views
+from rootstock.dashboard.credentials import CLUSTER_NAME_PATTERN
 
 router = APIRouter(include_in_schema=False)
 
@@ -66,9 +67,11 @@ def parse_time(text: str | None) -> datetime | None:
         return None
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
+        moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        # Shifting to UTC overflows for times at the very ends of the calendar.
+        return moment.astimezone(UTC)
+    except (ValueError, OverflowError):
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def age_label(text: str | None, now: datetime) -> str:
@@ -93,7 +96,7 @@ def when_label(text: str | None) -> str:
     moment = parse_time(text)
     if moment is None:
         return text or ""
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def render(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
@@ -103,9 +106,13 @@ def render(name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
 
 
 def _clean(value: str | None) -> str | None:
-    """A query parameter, with an empty one (the form's "all") meaning no filter."""
+    """A query parameter, with an empty one (the form's "all") meaning no filter.
+
+    A value no stored name can hold (a NUL, which PostgreSQL text refuses) is no
+    filter either, rather than a database error.
+    """
     value = (value or "").strip()
-    return value or None
+    return value if value and "\x00" not in value else None
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -193,9 +200,12 @@ def _cell(cell: views.Cell | None, now: datetime, cache: dict[tuple, str]) -> st
 @router.get("/clusters/{name}", response_class=HTMLResponse)
 def cluster_page(request: Request, name: str) -> HTMLResponse:
     """One cluster: its envs and versions, its pushes, each checkpoint's history."""
-    with request.app.state.sessions() as session:
-        detail = views.cluster_detail(session, name)
-        pushes = views.push_history(session, name, limit=10) if detail else None
+    detail = pushes = None
+    # A name that could never be added is unknown without asking the database.
+    if CLUSTER_NAME_PATTERN.fullmatch(name):
+        with request.app.state.sessions() as session:
+            detail = views.cluster_detail(session, name)
+            pushes = views.push_history(session, name, limit=10) if detail else None
     if detail is None:
         return render(
             "not_found.html",

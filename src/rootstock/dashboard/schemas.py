@@ -8,9 +8,17 @@ does not know (``extra="allow"``), a usage report accepts nothing but counts
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 from rootstock.dashboard.models import NAME, TIME
 from rootstock.install.manifest import DISPLAY_STATES, MANIFEST_VERSION
@@ -18,13 +26,36 @@ from rootstock.install.manifest import DISPLAY_STATES, MANIFEST_VERSION
 INT32 = 2**31 - 1  # the Integer columns' range on PostgreSQL
 MAX_USAGE_ROWS = 100_000
 MAX_DEPTH = 64
+# The years a stored time may fall in: the pages sort and subtract times, and a
+# year 9999 (or 0001 shifted by its offset) would overflow there or sort first forever.
+TIME_YEARS = (2000, 2200)
 
 ClusterName = Annotated[
     str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9._-]*$")
 ]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME)]
 Short = Annotated[str, StringConstraints(min_length=1, max_length=20)]
-Time = Annotated[str, StringConstraints(max_length=TIME)]
+
+
+def _sane_time(text: str) -> str:
+    """``text`` unchanged when it is an ISO-8601 time within :data:`TIME_YEARS`.
+
+    A time without an offset is read as UTC, as the pages read it.
+    """
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        year = moment.astimezone(UTC).year
+    except (ValueError, OverflowError):
+        raise ValueError("not an ISO-8601 time (e.g. 2026-11-28T10:00:00+00:00)") from None
+    low, high = TIME_YEARS
+    if not low <= year <= high:
+        raise ValueError(f"a time must fall in the years {low}-{high}")
+    return text
+
+
+Time = Annotated[str, StringConstraints(max_length=TIME), AfterValidator(_sane_time)]
 Text = Annotated[str, StringConstraints(max_length=NAME)]
 Count = Annotated[int, Field(ge=0, le=INT32)]
 State = Literal[DISPLAY_STATES]  # type: ignore[valid-type]  # the tuple is a constant
