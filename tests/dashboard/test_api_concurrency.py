@@ -88,6 +88,24 @@ def test_database_failure_is_a_clean_503(dashboard_backend, new_database, start_
     assert httpx.get(f"{server.url}api/v1/clusters").status_code == 200
 
 
+def test_database_failure_while_checking_credentials_is_a_logged_503(
+    dashboard_backend, new_database, start_dashboard
+):
+    """The key's scope table gone (a stand-in for a broken database): 503, and logged."""
+    from rootstock.dashboard.db import database_url, make_engine
+
+    server = start_dashboard(new_database(dashboard_backend))
+    cluster, auth = server.cluster_with_key()
+    engine = make_engine(database_url(server.db_url))
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE api_key_clusters"))
+    engine.dispose()
+    write = put_manifest(server, cluster, simple(cluster), auth)
+    assert write.status_code == 503, write.text
+    assert write.headers["retry-after"] == "5"
+    assert "database error checking credentials" in server.log_tail()
+
+
 # --- several server processes on one PostgreSQL database -----------------------------------
 @pytest.mark.system
 def test_two_servers_on_one_postgresql_database(new_database, start_dashboard):

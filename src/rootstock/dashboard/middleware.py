@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -43,6 +44,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 CLUSTER_PATH = re.compile(r"^/api/v\d+/clusters/([^/]+)/")
+log = logging.getLogger("rootstock.dashboard")
 
 
 class BodyTooLarge(Exception):
@@ -104,12 +106,23 @@ class GuardMiddleware:
         try:
             with self.sessions() as session:
                 key = credentials.authenticate(session, header)
-                if match and not credentials.may_write(session, key, match.group(1)):
-                    return Refusal(403, f"this API key may not write to cluster {match.group(1)!r}")
+                cluster = match.group(1) if match else None
+                # No key can be scoped to a name that could never be added (a NUL in it
+                # would even make PostgreSQL refuse the query): refused without asking.
+                if cluster is not None and not (
+                    credentials.CLUSTER_NAME_PATTERN.fullmatch(cluster)
+                    and credentials.may_write(session, key, cluster)
+                ):
+                    return Refusal(403, f"this API key may not write to cluster {cluster!r}")
                 scope["state"]["rootstock_api_key_id"] = key.id
         except credentials.AuthenticationFailed as exc:
             return Refusal(401, exc.message, {"www-authenticate": "Bearer"})
-        except SQLAlchemyError:
+        except SQLAlchemyError as exc:
+            log.error(
+                "database error checking credentials on %s: %s",
+                scope["path"],
+                getattr(exc, "orig", exc),
+            )
             return Refusal(503, "the dashboard database is unavailable; retry later")
         return None
 
