@@ -9,7 +9,11 @@ batch job, so a dashboard that is down must cost seconds, not the job's wall tim
   :class:`Deadline` can be shared by several requests);
 * a refused connection, an unknown host or a bad certificate fails at once: nothing
   is listening, and waiting will not change that within a push;
-* any other 4xx is the caller's to explain and is never retried.
+* any other 4xx is the caller's to explain and is never retried;
+* redirects are never followed: a 3xx is a final answer whose ``Location`` the
+  caller reports. Following one would resend the credential (urllib keeps the
+  ``Authorization`` header) to wherever the answer points, and a POST turned GET
+  that lands on some page would pass for a successful push.
 
 ``ROOTSTOCK_PUSH_TIMEOUT`` / ``ROOTSTOCK_PUSH_RETRY_CAP`` (or ``push_timeout`` /
 ``push_retry_cap`` in config.toml) override the two limits.
@@ -114,9 +118,11 @@ class HttpOutcome:
     attempts: int
     seconds: float
     error: str | None = None
+    location: str | None = None  # a redirect's target (absolute), never followed
 
     @property
     def ok(self) -> bool:
+        """True for a 2xx answer; a redirect, an error status or no answer is a failure."""
         return self.status is not None and 200 <= self.status < 300
 
     def json(self) -> Any:
@@ -152,16 +158,21 @@ def request_json(
     started = time.monotonic()
     body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
     attempts = 0
-    last: tuple[int | None, bytes, str | None] = (None, b"", "no attempt was made")
+    last: tuple[int | None, bytes, str | None, str | None] = (
+        None,
+        b"",
+        "not sent: the retry cap was already spent",
+        None,
+    )
     while True:
         remaining = deadline.remaining()
         if remaining <= 0:
             break
         attempts += 1
-        status, data, error, retry, retry_after = _bounded_attempt(
+        status, data, error, retry, retry_after, location = _bounded_attempt(
             method, url, body, headers or {}, min(policy.attempt_timeout, remaining)
         )
-        last = (status, data, error)
+        last = (status, data, error, location)
         if not retry:
             break
         wait = max(policy.backoff(attempts), retry_after or 0.0)
@@ -170,13 +181,14 @@ def request_json(
             # than sleep into it.
             break
         sleep(wait)
-    status, data, error = last
+    status, data, error, location = last
     if error and attempts > 1:
         error = f"{error} (after {attempts} attempts in {time.monotonic() - started:.1f} s)"
-    return HttpOutcome(status, data, attempts, time.monotonic() - started, error)
+    return HttpOutcome(status, data, attempts, time.monotonic() - started, error, location)
 
 
-Attempt = tuple[int | None, bytes, str | None, bool, float | None]
+# (status, body, transport error, retry?, Retry-After seconds, redirect Location)
+Attempt = tuple[int | None, bytes, str | None, bool, float | None, str | None]
 
 
 def _bounded_attempt(
@@ -198,13 +210,24 @@ def _bounded_attempt(
     worker.join(timeout + _GRACE_S)
     if box:
         return box[0]
-    return None, b"", "timed out waiting for the dashboard", True, None
+    return None, b"", "timed out waiting for the dashboard", True, None, None
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Turns every redirect into an HTTPError carrying the 3xx, so none is followed."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[override]
+        """Follow nothing: the 3xx reaches the caller as an ``HTTPError``."""
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
 
 
 def _attempt(
     method: str, url: str, body: bytes, headers: Mapping[str, str], timeout: float
 ) -> Attempt:
-    """One request: (status, body, transport error, retry?, Retry-After seconds)."""
+    """One request, as an :data:`Attempt`."""
     from rootstock import __version__
 
     request = urllib.request.Request(url, data=body, method=method)
@@ -214,34 +237,46 @@ def _attempt(
     for name, value in headers.items():
         request.add_header(name, value)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read(MAX_RESPONSE_BYTES), None, False, None
+        with _OPENER.open(request, timeout=timeout) as response:
+            return response.status, response.read(MAX_RESPONSE_BYTES), None, False, None, None
     except urllib.error.HTTPError as exc:
         data = _read_quietly(exc)
         retry = should_retry_status(exc.code)
-        return exc.code, data, None, retry, _retry_after(exc.headers) if retry else None
+        location = _location(url, exc.headers) if 300 <= exc.code < 400 else None
+        retry_after = _retry_after(exc.headers) if retry else None
+        return exc.code, data, None, retry, retry_after, location
     except urllib.error.URLError as exc:
         reason = exc.reason
         if isinstance(reason, BaseException):
             return _transport_failure(reason)
-        return None, b"", f"cannot reach the dashboard: {reason}", False, None
+        return None, b"", f"cannot reach the dashboard: {reason}", False, None, None
     except (OSError, http.client.HTTPException) as exc:
         # Raised while reading the answer (reset, timeout, truncated response).
         return _transport_failure(exc)
 
 
-def _transport_failure(exc: BaseException) -> tuple[None, bytes, str, bool, None]:
+def _transport_failure(exc: BaseException) -> Attempt:
     if isinstance(exc, ConnectionRefusedError) or (
         isinstance(exc, OSError) and exc.errno in _UNREACHABLE_ERRNOS
     ):
-        return None, b"", f"cannot connect ({_describe(exc).lower()})", False, None
+        return _no_answer(f"cannot connect ({_describe(exc).lower()})", retry=False)
     if isinstance(exc, socket.gaierror):
-        return None, b"", f"cannot resolve the dashboard's host ({_describe(exc)})", False, None
+        return _no_answer(f"cannot resolve the dashboard's host ({_describe(exc)})", retry=False)
     if isinstance(exc, ssl.SSLCertVerificationError):
-        return None, b"", f"TLS certificate rejected ({_describe(exc)})", False, None
+        return _no_answer(f"TLS certificate rejected ({_describe(exc)})", retry=False)
     if isinstance(exc, TimeoutError | socket.timeout):
-        return None, b"", "timed out waiting for the dashboard", True, None
-    return None, b"", f"connection failed ({_describe(exc)})", True, None
+        return _no_answer("timed out waiting for the dashboard", retry=True)
+    return _no_answer(f"connection failed ({_describe(exc)})", retry=True)
+
+
+def _no_answer(error: str, retry: bool) -> Attempt:
+    return None, b"", error, retry, None, None
+
+
+def _location(url: str, headers: Any) -> str | None:
+    """A redirect's ``Location``, made absolute against the request's URL."""
+    value = headers.get("Location") if headers is not None else None
+    return urllib.parse.urljoin(url, value.strip()) if value else None
 
 
 def _describe(exc: BaseException) -> str:
