@@ -52,7 +52,7 @@ class Dashboard:
 
     url: str
     key: str
-    secret: str
+    secret: str = field(repr=False)  # never in a traceback, log line or debug print
     policy: RetryPolicy = field(default_factory=RetryPolicy)
 
     def endpoint(self, cluster: str, what: str) -> str:
@@ -124,10 +124,12 @@ class PushReport:
 
     @property
     def ok(self) -> bool:
+        """True when every cluster's push succeeded (or there was nothing to send)."""
         return all(r.ok for r in self.results)
 
     @property
     def failures(self) -> list[ClusterPush]:
+        """The clusters whose push failed, tried or not."""
         return [r for r in self.results if not r.ok]
 
     def to_dict(self) -> dict[str, Any]:
@@ -214,17 +216,19 @@ def push_manifest(
     layout: InstallLayout,
     clusters: Iterable[str] | None = None,
     dashboard: Dashboard | None = None,
+    deadline: Deadline | None = None,
 ) -> PushReport:
     """``PUT`` each cluster's manifest view to the dashboard; never raises for a failed send.
 
     ``clusters`` defaults to every cluster the install serves. All clusters share
-    one retry deadline, and once the dashboard proved unreachable the remaining
-    clusters are not tried: a dead dashboard costs at most the retry cap.
+    one retry deadline (``deadline``, else a fresh one of the policy's cap), and once
+    the dashboard proved unreachable the remaining clusters are not tried: a dead
+    dashboard costs at most the retry cap.
     """
     dashboard = dashboard or dashboard_settings()
     payloads = manifest_payloads(layout, clusters)
     report = PushReport("manifest", dashboard.url)
-    deadline = Deadline(dashboard.policy.total_cap)
+    deadline = deadline or Deadline(dashboard.policy.total_cap)
     unreachable: str | None = None
     for cluster, payload in payloads.items():
         if unreachable:
@@ -302,6 +306,8 @@ def _interpret(cluster: str, outcome: HttpOutcome, what: str) -> ClusterPush:
     if status is None:
         result.message = outcome.error
         result.hint = f"is the dashboard running? retry with `{retry}` once it is up"
+    elif 300 <= status < 400:
+        _explain_redirect(result, status, outcome.location)
     elif status == 401:
         result.message = "the dashboard refused the credentials (401)"
         result.hint = f"check api_key and api_secret in {config_path()}"
@@ -320,6 +326,13 @@ def _interpret(cluster: str, outcome: HttpOutcome, what: str) -> ClusterPush:
             f"this rootstock writes manifest schema {MANIFEST_VERSION}; "
             "the dashboard may be older than the client: upgrade it"
         )
+    elif status == 404 and detail and "cluster" in detail:
+        # The dashboard itself answered: the key is scoped to a cluster it no longer has.
+        result.message = f"{detail} (404)"
+        result.hint = (
+            f"the cluster was removed from the dashboard; ask its admin to add it back "
+            f"(`rootstock dashboard add-cluster {cluster}`), then run `{retry}`"
+        )
     elif status == 404:
         result.message = "no dashboard API at this address (404)"
         result.hint = (
@@ -331,6 +344,31 @@ def _interpret(cluster: str, outcome: HttpOutcome, what: str) -> ClusterPush:
             result.message += f" (after {outcome.attempts} attempts)"
         result.hint = f"retry later with `{retry}`"
     return result
+
+
+def _explain_redirect(result: ClusterPush, status: int, location: str | None) -> None:
+    """A 3xx is never followed (it would carry the credential along): name the fix."""
+    where = f" to {location}" if location else ""
+    result.message = f"the dashboard redirected the push{where} ({status}); not followed"
+    base = _base_url(location) if location else None
+    if base:
+        result.hint = f"set api_url in {config_path()} to {base}"
+    else:
+        result.hint = (
+            f"set api_url in {config_path()} to the address the dashboard answers at "
+            "directly (often https:// instead of http://)"
+        )
+
+
+def _base_url(location: str) -> str | None:
+    """The dashboard base URL a redirect of an API call points at, if it is one."""
+    parts = urllib.parse.urlsplit(location)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return None
+    path, api, _rest = parts.path.partition("/api/v1/")
+    if not api:
+        return None
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path.rstrip("/"), "", ""))
 
 
 def _detail(body: Any) -> str | None:
