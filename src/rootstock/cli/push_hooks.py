@@ -13,6 +13,7 @@ import click
 from rootstock.cli.common import warn
 from rootstock.errors import RootstockError
 from rootstock.install.layout import InstallLayout
+from rootstock.ops.http_client import Deadline
 from rootstock.ops.push import RETRY_COMMAND, Dashboard, PushReport
 
 
@@ -56,14 +57,18 @@ def push_after(
     layout: InstallLayout,
     dashboard: Dashboard | None,
     clusters: Iterable[str] | None = None,
+    deadline: Deadline | None = None,
 ) -> PushReport | None:
-    """Push the manifest after ``command``; failures are warnings, never errors."""
+    """Push the manifest after ``command``; failures are warnings, never errors.
+
+    ``deadline`` bounds the push's retries (default: a fresh retry cap).
+    """
     from rootstock.ops.push import push_manifest
 
     if dashboard is None:
         return None
     try:
-        report = push_manifest(layout, clusters, dashboard)
+        report = push_manifest(layout, clusters, dashboard, deadline)
     except (RootstockError, OSError) as exc:
         warn(
             f"{command}: the manifest is saved locally but was not pushed ({exc}); "

@@ -87,7 +87,7 @@ def smoke_test(
         click.echo(line)
         sys.stdout.flush()
 
-    with _snapshots(layout, dashboard, machine, push_every) as request_snapshot:
+    with _snapshots(layout, dashboard, machine, push_every) as pusher:
         report = run_smoke_test(
             layout,
             cluster=cluster,
@@ -98,11 +98,19 @@ def smoke_test(
             jobs=jobs,
             on_start=on_start,
             on_result=on_result,
-            snapshot_every=push_every if request_snapshot else None,
-            on_snapshot=request_snapshot or (lambda _n: None),
+            snapshot_every=push_every if pusher else None,
+            on_snapshot=(lambda _n: pusher.request()) if pusher else (lambda _n: None),
         )
+        deadline = None
+        if pusher is not None and dashboard is not None:
+            # The snapshot still in flight and the final push share one retry cap, so a
+            # dashboard that drops packets holds the job up about one cap, not two.
+            from rootstock.ops.http_client import Deadline
+
+            deadline = Deadline(dashboard.policy.total_cap)
+            pusher.close(deadline)
     # The final push, after the last result (each result is already in manifest.json).
-    push_after("smoke-test", layout, dashboard, [machine] if machine else None)
+    push_after("smoke-test", layout, dashboard, [machine] if machine else None, deadline)
     if as_json:
         emit_json(report.to_dict())
     elif not report.results:
@@ -113,7 +121,10 @@ def smoke_test(
 
 @contextmanager
 def _snapshots(layout, dashboard, machine, push_every) -> Iterator:
-    """Yield a non-blocking ``request(done)`` for --push-every, or None without pushes."""
+    """Yield a :class:`SnapshotPusher` for --push-every, or None without pushes.
+
+    Leaving on an exception (Ctrl-C) abandons a snapshot in flight instead of waiting.
+    """
     if dashboard is None or not push_every:
         yield None
         return
@@ -128,4 +139,4 @@ def _snapshots(layout, dashboard, machine, push_every) -> Iterator:
         join_timeout=dashboard.policy.total_cap + 5.0,
     )
     with pusher:
-        yield lambda _done: pusher.request()
+        yield pusher
