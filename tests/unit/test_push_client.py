@@ -1,21 +1,16 @@
 """The dashboard push client: transport policy, payloads, and the CLI around them.
 
-The server here is a STAND-IN for the dashboard: a plain ``http.server`` on loopback
-that answers with scripted status codes and records every request. It exists so the
-retry policy can meet exact sequences (503 twice, a hang, a dropped connection) that
-the real dashboard never produces on purpose. The real dashboard is exercised in
+The server here is a STAND-IN for the dashboard (``push_stand_in``): a plain
+``http.server`` on loopback that answers with scripted status codes and records every
+request, so the retry policy can meet exact sequences the real dashboard never
+produces on purpose. The real dashboard is exercised in
 ``tests/dashboard/test_end_to_end.py``.
 """
 
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -23,7 +18,7 @@ from click.testing import CliRunner
 
 from rootstock.cli.main import cli
 from rootstock.errors import ConfigError, PushNotConfigured
-from rootstock.install.config import save_config
+from rootstock.install.config import config_path, save_config
 from rootstock.install.envfile import source_hash
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import (
@@ -35,7 +30,7 @@ from rootstock.install.manifest import (
 from rootstock.install.usage import user_hash
 from rootstock.ops.http_client import Deadline, RetryPolicy, request_json
 from rootstock.ops.push import Dashboard, dashboard_settings, push_manifest, push_usage
-from rootstock.ops.snapshot_push import SnapshotPusher
+from tests.unit.push_stand_in import StandIn, free_port, serve
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,101 +38,15 @@ FP = {"energy_per_atom": -3.9, "force_norm": 1.2, "stress": [0.1] * 6, "device_k
 FAST = RetryPolicy(attempt_timeout=2.0, total_cap=5.0, first_delay=0.01, max_delay=0.05)
 
 
-# --- the stand-in dashboard ------------------------------------------------------------------
-
-
-@dataclass
-class Seen:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self):
-        return json.loads(self.body)
-
-
-@dataclass
-class StandIn:
-    """Scripted answers, consumed in order; the last one repeats."""
-
-    server: ThreadingHTTPServer
-    script: list = field(default_factory=lambda: [200])
-    seen: list[Seen] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def next_action(self):
-        with self.lock:
-            return self.script.pop(0) if len(self.script) > 1 else self.script[0]
-
-
-def _handler(stand_in_ref: list) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # keep pytest output clean
-            pass
-
-        def _answer(self) -> None:
-            stand_in: StandIn = stand_in_ref[0]
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length)
-            with stand_in.lock:
-                stand_in.seen.append(Seen(self.command, self.path, dict(self.headers), body))
-            action = stand_in.next_action()
-            if action == "hang":
-                time.sleep(1.5)
-                action = 200
-            if action == "trickle":
-                # Headers at once, then a byte every 0.2 s: no single read ever times out.
-                self.send_response(200)
-                self.send_header("Content-Length", "40")
-                self.end_headers()
-                for _ in range(40):
-                    self.wfile.write(b" ")
-                    self.wfile.flush()
-                    time.sleep(0.2)
-                return
-            if action == "drop":
-                self.close_connection = True
-                self.connection.shutdown(socket.SHUT_RDWR)
-                return
-            status, payload = action if isinstance(action, tuple) else (action, None)
-            if payload is None:
-                payload = {"push_id": len(stand_in.seen)} if status < 300 else {"detail": "no"}
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_PUT = do_POST = do_GET = _answer
-
-    return Handler
+@pytest.fixture
+def stand_in() -> Iterator[StandIn]:
+    yield from serve()
 
 
 @pytest.fixture
-def stand_in() -> Iterator[StandIn]:
-    ref: list = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(ref))
-    server.daemon_threads = True
-    ref.append(StandIn(server))
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield ref[0]
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
-
-
-def free_port() -> int:
-    """A loopback port with nothing listening on it (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def elsewhere() -> Iterator[StandIn]:
+    """A second stand-in on another loopback port: where a redirect points."""
+    yield from serve()
 
 
 def dashboard(url: str, policy: RetryPolicy = FAST) -> Dashboard:
@@ -174,36 +83,93 @@ def test_a_timeout_and_a_dropped_connection_are_retried(stand_in):
 def test_a_server_that_trickles_cannot_outlast_the_cap(stand_in):
     stand_in.script = ["trickle"]
     policy = RetryPolicy(attempt_timeout=0.5, total_cap=1.0, first_delay=0.05, max_delay=0.1)
-    started = time.monotonic()
     outcome = request_json("PUT", stand_in.url + "/x", {}, policy=policy)
-    elapsed = time.monotonic() - started
+    # Each read gets a byte in time, and the whole answer (8 s) would be a 200: only
+    # abandoning the attempt at its timeout gives "timed out" instead.
     assert outcome.status is None and "timed out" in outcome.error
-    # The trickle lasts 8 s per request; the cap (plus one attempt's grace) ends it.
-    assert elapsed < 4.0
 
 
 def test_refused_connection_fails_fast_without_retrying():
     policy = RetryPolicy(attempt_timeout=2.0, total_cap=8.0, first_delay=1.0, max_delay=4.0)
-    started = time.monotonic()
-    outcome = request_json("PUT", f"http://127.0.0.1:{free_port()}/x", {}, policy=policy)
-    elapsed = time.monotonic() - started
+    slept: list[float] = []
+    outcome = request_json(
+        "PUT", f"http://127.0.0.1:{free_port()}/x", {}, policy=policy, sleep=slept.append
+    )
     assert outcome.status is None and outcome.attempts == 1
     assert "refused" in outcome.error
-    # Behaviour, not speed: a retrying client would sleep at least 0.5 s per retry and
-    # keep going until the 8 s cap; this one must not wait out any part of it.
-    assert elapsed < policy.total_cap / 4
+    # Nothing is listening: no backoff is waited out, and no second attempt is made.
+    assert slept == []
 
 
 def test_total_cap_bounds_retries_against_a_server_that_always_fails(stand_in):
+    """A fake clock advanced only by sleeps: the cap ends the retries, not the server."""
     stand_in.script = [503]
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        now[0] += seconds
+
     policy = RetryPolicy(attempt_timeout=1.0, total_cap=1.0, first_delay=0.05, max_delay=0.2)
-    started = time.monotonic()
-    outcome = request_json("PUT", stand_in.url + "/x", {}, policy=policy)
-    elapsed = time.monotonic() - started
+    deadline = Deadline(policy.total_cap, clock=lambda: now[0])
+    outcome = request_json("PUT", stand_in.url, {}, policy=policy, deadline=deadline, sleep=sleep)
     assert outcome.status == 503 and outcome.attempts > 1
     assert len(stand_in.seen) == outcome.attempts
-    # The cap is the point of the policy: it gives up instead of sleeping past it.
-    assert elapsed < policy.total_cap + 0.5
+    # It gives up instead of sleeping past the cap.
+    assert sum(slept) <= policy.total_cap
+
+
+def test_a_spent_deadline_sends_nothing(stand_in, shared_install):
+    """The final push after a snapshot shares the snapshot's deadline (smoke-test)."""
+    spent = Deadline(0.0, clock=lambda: 100.0)
+    report = push_manifest(shared_install, ["alpha"], dashboard(stand_in.url), spent)
+    assert stand_in.seen == []
+    (result,) = report.results
+    assert not result.ok and result.attempts == 0
+    assert "retry cap" in result.message and "rootstock manifest push" in result.hint
+
+
+# --- redirects -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_is_a_failure_that_names_its_target(stand_in, elsewhere, shared_install, status):
+    """Following would resend the credential to another host, and may land on a 200."""
+    target = elsewhere.url + "/api/v1/clusters/alpha/manifest"
+    stand_in.script = [("redirect", status, target)]
+    elsewhere.script = [200]
+    report = push_manifest(shared_install, ["alpha"], dashboard(stand_in.url))
+    assert elsewhere.seen == []  # no request at all, so no Authorization either
+    assert len(stand_in.seen) == 1  # a 3xx is final: not retried
+    assert not report.ok
+    (result,) = report.results
+    assert result.status == status and target in result.message
+    assert result.hint.endswith(f"set api_url in {config_path()} to {elsewhere.url}")
+
+
+def test_a_usage_post_redirected_to_a_landing_page_fails(stand_in, elsewhere, tmp_path):
+    """urllib would turn the POST into a GET and call the landing page a success."""
+    layout, _hashes = _usage_install(tmp_path)
+    stand_in.script = [("redirect", 302, elsewhere.url + "/login?next=/")]
+    report = push_usage(layout, dashboard=dashboard(stand_in.url))
+    assert elsewhere.seen == []
+    assert not report.ok
+    text = str(report.error())
+    assert f"{elsewhere.url}/login?next=/" in text and "set api_url" in text
+
+
+def test_a_relative_redirect_is_reported_absolute(stand_in, shared_install):
+    stand_in.script = [("redirect", 308, "/moved")]
+    report = push_manifest(shared_install, ["alpha"], dashboard(stand_in.url))
+    assert len(stand_in.seen) == 1
+    assert f"{stand_in.url}/moved" in report.results[0].message
+    assert "set api_url" in report.results[0].hint
+
+
+def test_the_secret_stays_out_of_repr():
+    text = repr(dashboard("http://127.0.0.1:1"))
+    assert "rk_test" in text and "s3cret" not in text
 
 
 def test_backoff_sleeps_stay_inside_the_cap_and_grow(stand_in):
@@ -339,7 +305,21 @@ def test_refusals_name_their_cause(stand_in, shared_install, status, words):
         assert word in text
 
 
-def test_usage_push_sends_counts_and_never_user_hashes(stand_in, tmp_path):
+def test_a_404_naming_the_cluster_means_it_was_removed(stand_in, shared_install):
+    # The real dashboard's answer to a write for a cluster it no longer has.
+    stand_in.script = [(404, {"detail": "the dashboard has no cluster 'alpha'"})]
+    report = push_manifest(shared_install, ["alpha"], dashboard(stand_in.url))
+    text = str(report.error())
+    assert "no cluster 'alpha'" in text and "add-cluster alpha" in text
+    assert "no dashboard API" not in text
+    # Anything else at that path (FastAPI's own 404, a web server's page) is a wrong URL.
+    stand_in.script = [(404, {"detail": "Not Found"})]
+    report = push_manifest(shared_install, ["alpha"], dashboard(stand_in.url))
+    assert "no dashboard API at this address" in str(report.error())
+
+
+def _usage_install(tmp_path: Path) -> tuple[InstallLayout, list[str]]:
+    """An install for cluster alpha with three usage records of two users."""
     layout = InstallLayout(root=tmp_path, cache_root=tmp_path)
     layout.usage_dir.mkdir(parents=True)
     hashes = [user_hash(b"0" * 32, name) for name in ("ann", "bob")]
@@ -357,6 +337,11 @@ def test_usage_push_sends_counts_and_never_user_hashes(stand_in, tmp_path):
         }
         (layout.usage_dir / f"r{i}.json").write_text(json.dumps(record))
     ensure_manifest(layout, ["alpha"])
+    return layout, hashes
+
+
+def test_usage_push_sends_counts_and_never_user_hashes(stand_in, tmp_path):
+    layout, hashes = _usage_install(tmp_path)
     report = push_usage(layout, dashboard=dashboard(stand_in.url))
     assert report.ok
     (sent,) = stand_in.seen
@@ -375,38 +360,6 @@ def test_usage_push_sends_counts_and_never_user_hashes(stand_in, tmp_path):
         ],
     }
     assert not any(h.encode() in sent.body for h in hashes)
-
-
-# --- snapshots -------------------------------------------------------------------------------
-
-
-def test_snapshot_requests_coalesce_while_a_push_is_in_flight():
-    release = threading.Event()
-    calls: list[int] = []
-
-    def push():
-        calls.append(1)
-        release.wait(10)
-        from rootstock.ops.push import PushReport
-
-        return PushReport("manifest", "http://stand-in")
-
-    pusher = SnapshotPusher(push)
-    pusher.request()
-    deadline = time.monotonic() + 10
-    while not calls and time.monotonic() < deadline:
-        time.sleep(0.01)
-    for _ in range(5):
-        pusher.request()  # returns at once although a push is blocked
-    release.set()
-    while len(pusher.reports) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    pusher.request()
-    pusher.close()  # drops the pending request: the caller's final push covers it
-    assert len(calls) in (2, 3)
-    assert len(calls) == len(pusher.reports)
-    pusher.request()  # after close: ignored
-    assert len(calls) == len(pusher.reports)
 
 
 # --- the CLI ---------------------------------------------------------------------------------
