@@ -15,11 +15,14 @@ server must not disturb tests that share the session's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -288,3 +291,73 @@ def test_usage_push_reaches_the_usage_page_and_never_double_counts(site):
     assert row, page.text
     # clusters, sessions, distinct users, force calls
     assert re.findall(r'<td class="num">(\d+)</td>', row.group(1)) == ["1", "2", "2", "10"]
+
+
+class SilentStandIn:
+    """A STAND-IN for a dashboard whose host drops every answer: it accepts connections
+    (so a push is in flight) and never replies. The real server always answers."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.accepted: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                self.accepted.append(self.sock.accept()[0])
+            except OSError:
+                return  # closed
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_ctrl_c_does_not_wait_for_a_snapshot_in_flight(site, tmp_path):
+    silent = SilentStandIn()
+    config = Path(site.env["ROOTSTOCK_CONFIG"]).read_text()
+    config = config.replace(f'"{site.dashboard.url}"', f'"{silent.url}"')
+    assert silent.url in config
+    (tmp_path / "config.toml").write_text(config)
+    # An hour per attempt and in all: a run that waited for the snapshot would outlast
+    # this test's timeout by far.
+    env = {
+        **os.environ,
+        **site.env,
+        "ROOTSTOCK_CONFIG": str(tmp_path / "config.toml"),
+        "ROOTSTOCK_PUSH_TIMEOUT": "3600",
+        "ROOTSTOCK_PUSH_RETRY_CAP": "3600",
+    }
+    site.hold.write_text("hold e2e-b\n")
+    err = tmp_path / "smoke.err"
+    with err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [*ROOTSTOCK, "smoke-test", "--push-every", "1", "--device", "cpu",
+             "--root", str(site.root)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        # The snapshot after e2e-a is in flight (and never answered) while e2e-b is held.
+        deadline = time.monotonic() + 180
+        while not silent.accepted:
+            assert proc.poll() is None, err.read_text()
+            assert time.monotonic() < deadline, "no snapshot push was sent"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=120)
+    finally:
+        site.hold.unlink(missing_ok=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the run and any worker it left behind
+        proc.wait(10)
+        silent.close()
+    assert code == 130, err.read_text()
+    assert "Interrupted" in err.read_text() or "Aborted" in err.read_text()
