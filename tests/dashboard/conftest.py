@@ -70,8 +70,6 @@ class Dashboard:
             "rootstock.cli.main",
             "dashboard",
             "serve",
-            "--db",
-            self.db_url,
             "--host",
             "127.0.0.1",
             "--port",
@@ -89,7 +87,14 @@ class Dashboard:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONUNBUFFERED": "1"},
+            # The database by environment, as docs/dashboard.md recommends: a URL with a
+            # password on the command line would show in ps.
+            env={
+                **os.environ,
+                "ROOTSTOCK_DASHBOARD_DB": self.db_url,
+                "PYTHONFAULTHANDLER": "1",
+                "PYTHONUNBUFFERED": "1",
+            },
         )
         log.close()
         deadline = time.monotonic() + START_TIMEOUT_S
