@@ -111,7 +111,6 @@ def serve() -> Iterator[StandIn]:
     thread.join(5)
 
 
-
 def free_port() -> int:
     """A loopback port with nothing listening on it (bound, then released)."""
     with socket.socket() as sock:
