@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.integration.checkpoint_envs import worker_pids
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "scripts" / "nightly_smoke_test.sbatch"
 DEV_VENV = REPO / ".venv"
@@ -223,12 +225,8 @@ class NightlyChain:
 def kill_workers_of(root: Path) -> list[int]:
     """SIGKILL processes whose command line names ``root`` (workers a killed job left)."""
     killed = []
-    needle = str(root).encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
+    for pid in worker_pids(root):
         with contextlib.suppress(OSError):
-            if needle in (entry / "cmdline").read_bytes():
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
     return killed

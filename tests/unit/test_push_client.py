@@ -56,6 +56,21 @@ def dashboard(url: str, policy: RetryPolicy = FAST) -> Dashboard:
 # --- transport policy ------------------------------------------------------------------------
 
 
+class FakeClock:
+    """A clock that only sleeps move: retry schedules checked without waiting them out."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        return self.time
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.time += seconds
+
+
 def test_retries_503_then_succeeds(stand_in):
     stand_in.script = [503, 503, (200, {"push_id": 9})]
     outcome = request_json("PUT", stand_in.url + "/x", {"a": 1}, policy=FAST)
@@ -104,20 +119,16 @@ def test_refused_connection_fails_fast_without_retrying():
 def test_total_cap_bounds_retries_against_a_server_that_always_fails(stand_in):
     """A fake clock advanced only by sleeps: the cap ends the retries, not the server."""
     stand_in.script = [503]
-    now = [0.0]
-    slept: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        now[0] += seconds
-
+    clock = FakeClock()
     policy = RetryPolicy(attempt_timeout=1.0, total_cap=1.0, first_delay=0.05, max_delay=0.2)
-    deadline = Deadline(policy.total_cap, clock=lambda: now[0])
-    outcome = request_json("PUT", stand_in.url, {}, policy=policy, deadline=deadline, sleep=sleep)
+    deadline = Deadline(policy.total_cap, clock=clock.now)
+    outcome = request_json(
+        "PUT", stand_in.url, {}, policy=policy, deadline=deadline, sleep=clock.sleep
+    )
     assert outcome.status == 503 and outcome.attempts > 1
     assert len(stand_in.seen) == outcome.attempts
     # It gives up instead of sleeping past the cap.
-    assert sum(slept) <= policy.total_cap
+    assert sum(clock.slept) <= policy.total_cap
 
 
 def test_a_spent_deadline_sends_nothing(stand_in, shared_install):
@@ -175,21 +186,17 @@ def test_the_secret_stays_out_of_repr():
 def test_backoff_sleeps_stay_inside_the_cap_and_grow(stand_in):
     """A fake clock advanced only by sleeps: the schedule itself, deterministically."""
     stand_in.script = [503]
-    now = [0.0]
-    slept: list[float] = []
-
-    def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        now[0] += seconds
-
+    clock = FakeClock()
     policy = RetryPolicy(attempt_timeout=1.0, total_cap=10.0, first_delay=0.5, max_delay=4.0)
-    deadline = Deadline(policy.total_cap, clock=lambda: now[0])
-    outcome = request_json("PUT", stand_in.url, {}, policy=policy, deadline=deadline, sleep=sleep)
+    deadline = Deadline(policy.total_cap, clock=clock.now)
+    outcome = request_json(
+        "PUT", stand_in.url, {}, policy=policy, deadline=deadline, sleep=clock.sleep
+    )
     assert outcome.status == 503
-    assert sum(slept) <= policy.total_cap
-    assert len(slept) == outcome.attempts - 1 >= 3
-    assert all(0.25 <= s <= 4.0 for s in slept)
-    assert slept[2] > slept[0]  # doubling outruns the jitter after two steps
+    assert sum(clock.slept) <= policy.total_cap
+    assert len(clock.slept) == outcome.attempts - 1 >= 3
+    assert all(0.25 <= s <= 4.0 for s in clock.slept)
+    assert clock.slept[2] > clock.slept[0]  # doubling outruns the jitter after two steps
 
 
 def test_retry_after_is_honoured(stand_in):

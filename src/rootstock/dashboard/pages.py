@@ -22,6 +22,7 @@ from markupsafe import Markup, escape
 
 from rootstock.dashboard import views
 from rootstock.dashboard.credentials import CLUSTER_NAME_PATTERN
+from rootstock.install.manifest import parse_time as manifest_time
 
 router = APIRouter(include_in_schema=False)
 
@@ -62,15 +63,13 @@ def state_class(state: str | None) -> str:
 
 
 def parse_time(text: str | None) -> datetime | None:
-    """An ISO-8601 time from a manifest, or None when absent or unreadable."""
-    if not text:
+    """An ISO-8601 time from a manifest, in UTC; None when absent or unreadable."""
+    moment = manifest_time(text)
+    if moment is None:
         return None
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        moment = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-        # Shifting to UTC overflows for times at the very ends of the calendar.
         return moment.astimezone(UTC)
-    except (ValueError, OverflowError):
+    except OverflowError:  # a time at the very ends of the calendar
         return None
 
 

@@ -8,7 +8,7 @@ does not know (``extra="allow"``), a usage report accepts nothing but counts
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from rootstock.dashboard.models import NAME, TIME
-from rootstock.install.manifest import DISPLAY_STATES, MANIFEST_VERSION
+from rootstock.install.manifest import DISPLAY_STATES, MANIFEST_VERSION, parse_time
 
 INT32 = 2**31 - 1  # the Integer columns' range on PostgreSQL
 MAX_USAGE_ROWS = 100_000
@@ -42,13 +42,13 @@ def _sane_time(text: str) -> str:
 
     A time without an offset is read as UTC, as the pages read it.
     """
+    moment = parse_time(text)
     try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=UTC)
-        year = moment.astimezone(UTC).year
-    except (ValueError, OverflowError):
-        raise ValueError("not an ISO-8601 time (e.g. 2026-11-28T10:00:00+00:00)") from None
+        year = moment.astimezone(UTC).year if moment else None
+    except OverflowError:
+        year = None
+    if year is None:
+        raise ValueError("not an ISO-8601 time (e.g. 2026-11-28T10:00:00+00:00)")
     low, high = TIME_YEARS
     if not low <= year <= high:
         raise ValueError(f"a time must fall in the years {low}-{high}")
@@ -152,12 +152,8 @@ class EnvEntry(_Open):
     checkpoints: dict[Name, CheckpointEntry] = Field(default_factory=dict)
 
 
-class ManifestIn(_Open):
-    """One cluster's view of an install's ``manifest.json`` (see docs/manifest.md)."""
-
-    schema_version: int = Field(ge=1, le=MANIFEST_VERSION)
-    clusters: list[ClusterName] = Field(min_length=1, max_length=1000)
-    envs: dict[Name, EnvEntry] = Field(default_factory=dict)
+class _StorableText(BaseModel):
+    """Refuses a body with text or numbers that not every database can store."""
 
     @model_validator(mode="before")
     @classmethod
@@ -168,7 +164,15 @@ class ManifestIn(_Open):
         return data
 
 
-class UsageCountIn(BaseModel):
+class ManifestIn(_Open, _StorableText):
+    """One cluster's view of an install's ``manifest.json`` (see docs/manifest.md)."""
+
+    schema_version: int = Field(ge=1, le=MANIFEST_VERSION)
+    clusters: list[ClusterName] = Field(min_length=1, max_length=1000)
+    envs: dict[Name, EnvEntry] = Field(default_factory=dict)
+
+
+class UsageCountIn(_StorableText):
     """Aggregated usage of one checkpoint on one cluster in one month."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -179,14 +183,6 @@ class UsageCountIn(BaseModel):
     sessions: Count
     distinct_users: Count
     force_calls: Count = 0
-
-    @model_validator(mode="before")
-    @classmethod
-    def _storable(cls, data: Any) -> Any:
-        problem = storable_text_problem(data)
-        if problem:
-            raise ValueError(problem)
-        return data
 
 
 class UsageIn(BaseModel):

@@ -47,6 +47,7 @@ from rootstock.install.manifest.state import (
     CheckpointState,
     checkpoint_state,
     cluster_view,
+    parse_time,
 )
 from rootstock.install.manifest.store import (
     DEFAULT_LOCK_TIMEOUT,
@@ -84,6 +85,7 @@ __all__ = [
     "normalize_cluster",
     "one_line",
     "parse_manifest",
+    "parse_time",
     "record_env_build",
     "record_fetch",
     "record_verification",

@@ -102,7 +102,7 @@ def _pick_record(by_kind: dict[str, Any], device_kind: str | None) -> dict[str, 
     records = [r for r in by_kind.values() if isinstance(r, dict)]
     if not records:
         return None
-    return max(records, key=lambda r: _parse_time(r.get("at")) or datetime.min.replace(tzinfo=UTC))
+    return max(records, key=lambda r: parse_time(r.get("at")) or datetime.min.replace(tzinfo=UTC))
 
 
 def _stale_reason(
@@ -118,7 +118,8 @@ def _stale_reason(
     return None
 
 
-def _parse_time(text: Any) -> datetime | None:
+def parse_time(text: Any) -> datetime | None:
+    """A manifest timestamp as an aware datetime (no offset means UTC); None if unreadable."""
     if not isinstance(text, str):
         return None
     try:
@@ -129,7 +130,7 @@ def _parse_time(text: Any) -> datetime | None:
 
 
 def _age_seconds(at: Any, now: datetime | None) -> float | None:
-    moment = _parse_time(at)
+    moment = parse_time(at)
     if moment is None:
         return None
     return max(0.0, ((now or datetime.now(UTC)) - moment).total_seconds())
