@@ -139,16 +139,53 @@ def copy_env(src: Path, dst_dir: Path, name: str | None = None) -> Path:
     return dst
 
 
+def user_uv_cache_dir() -> Path:
+    """uv's default cache for this user (``$UV_CACHE_DIR``, else the XDG cache).
+
+    The model-family envs pull gigabytes of wheels; keeping them in the user's own
+    cache, not pytest's tmp, lets a repeat CI run on the same machine find it warm.
+    """
+    if os.environ.get("UV_CACHE_DIR"):
+        return Path(os.environ["UV_CACHE_DIR"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "uv"
+
+
 @pytest.fixture(scope="session")
-def mlip_root(session_dir: Path, shared_uv_cache: Path, torch_pin) -> Path:
-    """A root with the CHGNet and SevenNet sample envs, built once per session.
+def user_uv_cache() -> Path:
+    cache = user_uv_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
+def install_family(root: Path, name: str, torch_pin: dict[str, str]) -> Path:
+    """Build ``environments/<name>.py`` into ``root`` unless it is already built there."""
+    if not (root / "envs" / name / "rootstock-env.json").is_file():
+        run_rootstock(
+            "install",
+            ENVIRONMENTS / f"{name}.py",
+            "--root",
+            root,
+            "--no-push",
+            env=torch_pin,
+            timeout=2400,
+        )
+    return root / "envs" / name
+
+
+@pytest.fixture(scope="session")
+def family_root(session_dir: Path, user_uv_cache: Path) -> Path:
+    """The session's root for real model-family envs (built into it on first use)."""
+    return make_root(session_dir / "mlip-root", user_uv_cache)
+
+
+@pytest.fixture(scope="session")
+def mlip_root(family_root: Path, torch_pin) -> Path:
+    """The family root with the CHGNet and SevenNet sample envs built.
 
     torch comes from the machine's CPU wheel (find-links plus an exact pin); where
     that file is absent the build falls back to PyPI's torch.
     """
-    root = make_root(session_dir / "mlip-root", shared_uv_cache)
     for name in ("chgnet", "sevennet"):
-        run_rootstock(
-            "install", ENVIRONMENTS / f"{name}.py", "--root", root, env=torch_pin, timeout=1800
-        )
-    return root
+        install_family(family_root, name, torch_pin)
+    return family_root
