@@ -89,7 +89,9 @@ def run_in_env(root: Path, env: str, script: str, *args: Any, timeout: float = 6
         stdin=subprocess.DEVNULL,
     )
     if proc.returncode != 0:
-        pytest.fail(f"script in env {env} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        pytest.fail(
+            f"script in env {env} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc.stdout
 
 
