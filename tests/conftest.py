@@ -158,25 +158,100 @@ def user_uv_cache() -> Path:
     return cache
 
 
+FAMILIES = ("chgnet", "sevennet", "mace", "orb", "tensornet", "uma")
+FAMILY_BUILD_TIMEOUT = 2400.0
+
+
+def _install_command(root: Path, name: str) -> list[str]:
+    return [
+        *ROOTSTOCK,
+        "install",
+        str(ENVIRONMENTS / f"{name}.py"),
+        "--root",
+        str(root),
+        "--no-push",
+    ]
+
+
+def _is_built(root: Path, name: str) -> bool:
+    return (root / "envs" / name / "rootstock-env.json").is_file()
+
+
 def install_family(root: Path, name: str, torch_pin: dict[str, str]) -> Path:
     """Build ``environments/<name>.py`` into ``root`` unless it is already built there."""
-    if not (root / "envs" / name / "rootstock-env.json").is_file():
+    if not _is_built(root, name):
         run_rootstock(
-            "install",
-            ENVIRONMENTS / f"{name}.py",
-            "--root",
-            root,
-            "--no-push",
+            *_install_command(root, name)[len(ROOTSTOCK) :],
             env=torch_pin,
-            timeout=2400,
+            timeout=FAMILY_BUILD_TIMEOUT,
         )
     return root / "envs" / name
 
 
+def install_families(root: Path, names: list[str], torch_pin: dict[str, str]) -> None:
+    """Build several family envs at once: each build waits mostly on downloads and
+    disk, so running them side by side costs little more than the slowest one."""
+    env = {**os.environ, **torch_pin}
+    procs = {}
+    for name in names:
+        if _is_built(root, name):
+            continue
+        log = open(root.parent / f"build-{name}.log", "w+")  # noqa: SIM115 (closed below)
+        procs[name] = (
+            subprocess.Popen(
+                _install_command(root, name),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            ),
+            log,
+        )
+    failures = []
+    try:
+        for name, (proc, log) in procs.items():
+            try:
+                code = proc.wait(timeout=FAMILY_BUILD_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                code = None
+            if code != 0:
+                log.seek(0)
+                failures.append(f"{name} (exit {code}):\n{log.read()[-4000:]}")
+    finally:
+        for proc, log in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+            log.close()
+    if failures:
+        raise AssertionError("family env builds failed:\n" + "\n".join(failures))
+
+
+def families_needed(items) -> list[str]:
+    """The family envs that the collected tests use: ``mlip_root`` needs CHGNet and
+    SevenNet; a ``family_env`` test in ``test_family_<name>.py`` needs ``<name>``."""
+    names: set[str] = set()
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "mlip_root" in fixtures:
+            names.update(("chgnet", "sevennet"))
+        stem = Path(str(getattr(item, "path", ""))).stem
+        if "family_env" in fixtures and stem.startswith("test_family_"):
+            names.add(stem.removeprefix("test_family_"))
+    return [name for name in FAMILIES if name in names]
+
+
 @pytest.fixture(scope="session")
-def family_root(session_dir: Path, user_uv_cache: Path) -> Path:
-    """The session's root for real model-family envs (built into it on first use)."""
-    return make_root(session_dir / "mlip-root", user_uv_cache)
+def family_root(request, session_dir: Path, user_uv_cache: Path, torch_pin) -> Path:
+    """The session's root for real model-family envs.
+
+    Every family env the collected tests use is built into it at once, side by side;
+    ``family_env`` builds any other on first use.
+    """
+    root = make_root(session_dir / "mlip-root", user_uv_cache)
+    install_families(root, families_needed(request.session.items), torch_pin)
+    return root
 
 
 @pytest.fixture(scope="session")
