@@ -36,6 +36,11 @@ from rootstock.cli.common import emit_json, layout_from, progress, root_options
 @click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
 @click.option("--no-perm-check", is_flag=True, help="Skip the up-front permission check.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream uv's output.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Lint and show what would be built; never runs uv, never writes to the root.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def install(
     target,
@@ -50,13 +55,18 @@ def install(
     no_push,
     no_perm_check,
     verbose,
+    dry_run,
     as_json,
 ):
     """Build env files into isolated envs under {root}/envs/.
 
     TARGET is an env file, a directory of *.py env files, or the name of an
-    already registered env (with --force, to rebuild it).
+    already registered env (with --force, to rebuild it). --dry-run only shows
+    what would happen (exit code 1 when an env would fail).
     """
+    if dry_run:
+        _dry_run(target, root, cluster, cache_root, force, upgrade, python, as_json)
+        return
     from rootstock.install.build import BuildOptions
     from rootstock.ops.install import install as run_install
 
@@ -93,3 +103,96 @@ def install(
         push_after("install", layout, auto_push_dashboard(no_push))
     if any(o.status == "failed" for o in outcomes):
         raise click.exceptions.Exit(1)
+
+
+def _dry_run(target, root, cluster, cache_root, force, upgrade, python, as_json) -> None:
+    """Plan the install and render it; exit 1 when any env would fail."""
+    from rootstock.errors import RootNotFound
+    from rootstock.ops.install import plan_install
+
+    try:
+        layout = layout_from(root, cluster, cache_root, must_exist=False)
+    except RootNotFound:
+        layout = None  # lint only; the plan says so
+    plan = plan_install(
+        layout, target, force=force, upgrade=upgrade, python=python, cluster=cluster
+    )
+    if as_json:
+        emit_json(plan.to_dict())
+    else:
+        _render_plan(plan)
+    if not plan.ok:
+        raise click.exceptions.Exit(1)
+
+
+def _render_plan(plan) -> None:
+    """The human form of an install plan: one block per env, problems on stderr."""
+    where = f"root {plan.root}" if plan.root else "no install root"
+    click.echo(f"dry run: nothing is built or written ({where})")
+    for note in plan.notes:
+        click.echo(f"note: {note}")
+    for env in plan.envs:
+        click.echo("")
+        click.echo(f"{env.name}: would {_ACTION_WORDS[env.action]} ({env.path})")
+        click.echo(f"  {env.reason}")
+        rows = [
+            ("requires-python", env.requires_python or "(any)"),
+            ("dependencies", ", ".join(env.dependencies) or "(none)"),
+            ("checkpoints", ", ".join(env.checkpoints) or "(none)"),
+        ]
+        if env.clusters:
+            rows.append(("clusters", ", ".join(env.clusters) + " (a variant: it wins there)"))
+        rows.extend(_tool_uv_rows(env.tool_uv))
+        if env.shadows:
+            by_env: dict[str, list[str]] = {}
+            for shadow in env.shadows:
+                by_env.setdefault(shadow.env, []).append(shadow.checkpoint)
+            rows.extend(
+                ("shadows", f"{', '.join(ids)} of {name!r}") for name, ids in by_env.items()
+            )
+        if env.resolution == "lockfile":
+            rows.append(("resolution", f"from the recorded lockfile {env.lockfile}"))
+        elif env.resolution:
+            rows.append(("resolution", env.resolution))
+        if env.interpreter:
+            rows.append(("interpreter", env.interpreter))
+        for label, value in rows:
+            click.echo(f"  {label:<16} {value}")
+        for problem in env.problems:
+            click.echo(f"error: {env.name}: {problem}", err=True)
+    counts = {action: sum(e.action == action for e in plan.envs) for action in _ACTION_WORDS}
+    summary = ", ".join(f"{n} {action}" for action, n in counts.items() if n)
+    click.echo("")
+    click.echo(f"plan: {summary or 'nothing to do'}")
+
+
+_ACTION_WORDS = {
+    "build": "build",
+    "rebuild": "rebuild",
+    "unchanged": "skip (unchanged)",
+    "blocked": "fail",
+}
+
+
+def _tool_uv_rows(tool_uv: dict) -> list[tuple[str, str]]:
+    """``[tool.uv]`` settings as label/value rows: indexes and sources spelled out."""
+    import json
+
+    rows = []
+    for index in tool_uv.get("index") or []:
+        if isinstance(index, dict):
+            flags = [k for k in ("explicit", "default") if index.get(k) is True]
+            text = f"{index.get('name', '(unnamed)')} = {index.get('url')}"
+            rows.append(("uv index", text + (f" ({', '.join(flags)})" if flags else "")))
+    for package, source in (tool_uv.get("sources") or {}).items():
+        entries = source if isinstance(source, list) else [source]
+        for entry in entries:
+            if isinstance(entry, dict):
+                text = ", ".join(f"{k} {v}" for k, v in entry.items())
+            else:
+                text = json.dumps(entry)
+            rows.append(("uv source", f"{package} <- {text}"))
+    for key, value in tool_uv.items():
+        if key not in ("index", "sources"):
+            rows.append((f"uv {key}", json.dumps(value, sort_keys=True)))
+    return rows

@@ -21,6 +21,7 @@ from rootstock.install.interpreters import (
 )
 from rootstock.install.layout import InstallLayout, read_layout, write_layout
 from rootstock.install.locking import FileLock
+from rootstock.install.plan import InstallPlan, plan_files
 
 
 @dataclass
@@ -63,8 +64,12 @@ def root_lock(layout: InstallLayout, timeout: float = 120.0) -> FileLock:
     return FileLock(layout.locks_dir / "root.lock", timeout=timeout, what="install-root lock")
 
 
-def expand_targets(layout: InstallLayout, target: str) -> list[Path]:
-    """Turn a file, a directory or a registered env name into env-file paths."""
+def expand_targets(layout: InstallLayout | None, target: str) -> list[Path]:
+    """Turn a file, a directory or a registered env name into env-file paths.
+
+    Without a layout (a dry run with no install root) only files and directories
+    can be named.
+    """
     path = Path(target).expanduser()
     if path.is_dir():
         files = sorted(p for p in path.glob("*.py") if p.is_file())
@@ -75,6 +80,11 @@ def expand_targets(layout: InstallLayout, target: str) -> list[Path]:
         return [path]
     if path.suffix == ".py" or os.sep in target:
         raise EnvFileError(f"env file {path} does not exist")
+    if layout is None:
+        raise EnvNotFound(
+            f"{target!r} is not a file, and no install root is given to look it up in",
+            hint="pass --root (or --cluster) to name a registered env, or give a file path",
+        )
     registered = layout.registered_source(target)
     if registered.is_file():
         return [registered]
@@ -112,6 +122,53 @@ def install(
                     raise
                 outcomes.append(InstallOutcome(path.stem, "failed", error=exc))
     return outcomes
+
+
+def plan_install(
+    layout: InstallLayout | None,
+    target: str,
+    *,
+    force: bool = False,
+    upgrade: bool = False,
+    python: str | None = None,
+    cluster: str | None = None,
+) -> InstallPlan:
+    """What ``install(layout, target, ...)`` would do, without uv and without writing.
+
+    ``layout`` is None when no install root could be resolved: then only the lint
+    runs. A root that does not exist yet is planned as empty (every file would be
+    built, ids are checked only among the files themselves), with a note that
+    ``init`` comes first.
+    """
+    from rootstock.install.manifest import load_manifest
+
+    paths = expand_targets(layout, target)
+    plan = InstallPlan(
+        root=layout.root if layout else None,
+        root_exists=bool(layout and layout.root.is_dir()),
+        cache_root=layout.cache_root if layout else None,
+        cluster=cluster,
+    )
+    if layout is None:
+        plan.notes.append(
+            "no install root given: only the lint ran "
+            "(pass --root or --cluster to compare with an install)"
+        )
+    elif not plan.root_exists:
+        plan.notes.append(
+            f"install root {layout.root} does not exist yet: run `rootstock init --root "
+            f"{layout.root}` before installing; ids were checked only among these files"
+        )
+    else:
+        # The real install refuses an untrusted manifest before building; so does this.
+        load_manifest(layout)
+        if read_layout(layout.root) is None:
+            plan.notes.append(f"would record layout.json declaring cache root {layout.cache_root}")
+        if not layout.manifest_file.exists():
+            plan.notes.append("would create manifest.json (the root has none)")
+    plan.envs, warnings = plan_files(layout, paths, force=force, upgrade=upgrade, python=python)
+    plan.notes.extend(warnings)
+    return plan
 
 
 def _prepare_root(layout: InstallLayout, cluster: str | None) -> None:
