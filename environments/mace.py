@@ -1,12 +1,25 @@
 """MACE foundation models (Batatia et al.): MACE-MP-0, MACE-MPA-0 and MACE-OMAT-0.
 
-Not exercised by the test suite here (weights come from a hub): the checkpoints
-are downloaded from the MACE GitHub releases on first use, so run
+The ``mace-torch`` wheel ships no weights: the foundation checkpoints are
+downloaded from the MACE GitHub releases on first use, so run
 ``rootstock add <id> --no-verify`` on a node with network access first.
 MACE-OMAT-0 is released under the Academic Software License; check it fits
 your users before adding it.
 
-``mace:custom`` loads a user's own ``.model`` file through :func:`setup_from_path`.
+``mace:custom`` loads a user's own ``.model`` file (a whole pickled model, as
+``mace_run_train`` saves it) through :func:`setup_from_path`. That path is how
+the family is proven here, offline: ``tests/mlip/test_family_mace.py`` builds a
+small randomly initialised ``ScaleShiftMACE`` in this env, loads it through
+``mace:custom`` and checks RootstockCalculator against the in-process model
+(float64) and forces and stress against the energy. The foundation ids share
+that code path (``mace_mp`` builds the same ``MACECalculator``) but their
+weights are not exercised offline.
+
+On a GPU node the env needs a CUDA build of torch (supplied at build time; the
+block below stays a plain ``torch``). cuEquivariance kernels are optional: add
+the ``mace-torch[cueq,cueq-cuda-12]`` extras (``cuequivariance-torch`` and
+``cuequivariance-ops-torch-cu12``) in a cluster variant of this file and pass
+``enable_cueq=True`` through ``setup_kwargs``.
 """
 
 # /// script
@@ -56,7 +69,14 @@ def setup(checkpoint, device="cuda", default_dtype="float64", **kw):
 
 
 def setup_from_path(path, device="cuda", default_dtype="float64", **kw):
-    """Return a MACECalculator for a user's own ``.model`` file (e.g. a fine-tune)."""
+    """Return a MACECalculator for a user's own ``.model`` file (e.g. a fine-tune).
+
+    ``default_dtype`` defaults to float64, as for :func:`setup`; a float32 model is
+    converted to it.
+    """
     from mace.calculators import MACECalculator
 
-    return MACECalculator(model_paths=str(path), device=device, default_dtype=default_dtype, **kw)
+    # A one-item list, not a str: MACECalculator globs a str, so a name holding "[" or
+    # "*" would load some other file, or none.
+    paths = [str(path)]
+    return MACECalculator(model_paths=paths, device=device, default_dtype=default_dtype, **kw)

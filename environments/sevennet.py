@@ -8,6 +8,21 @@ network on first use; add them in a separate env on clusters that allow it.
 ``sevennet-mf-0`` is multi-fidelity: it has a PBE head and an r2SCAN head, and
 the caller must choose one with ``modal="PBE"`` or ``modal="R2SCAN"``. There is
 deliberately no default; verification uses ``VERIFY_KWARGS``.
+
+``sevennet:custom`` loads a user's own SevenNet checkpoint (the ``.pth`` that
+``sevenn`` training writes: a dict with ``config`` and ``model_state_dict``)
+through :func:`setup_from_path`.
+
+How it is proven here, offline: ``tests/mlip/test_family_sevennet.py`` runs the
+shipped ``sevennet-0`` weights, and a small randomly initialised model built with
+``sevenn``'s own model builder and loaded through ``sevennet:custom``, through
+RootstockCalculator against the same model in-process (SevenNet runs float32),
+and checks forces and stress against the energy.
+
+On a GPU node the env needs a CUDA build of torch (supplied at build time; the
+block below stays a plain ``torch``). The cuEquivariance tensor-product kernels
+are optional: add the ``sevenn[cueq12]`` extra in a cluster variant of this file
+and pass ``enable_cueq=True`` through ``setup_kwargs``.
 """
 
 # /// script
@@ -25,6 +40,7 @@ CHECKPOINTS = {
     "sevennet-0-22may2024": "7net-0_22May2024",
     "sevennet-l3i5": "7net-l3i5",
     "sevennet-mf-0": "7net-mf-0",
+    "sevennet:custom": None,
 }
 
 VERIFY_KWARGS = {
@@ -41,8 +57,9 @@ def setup(checkpoint, device="cuda", modal=None, **kw):
     ``modal`` selects the head of ``sevennet-mf-0`` (``PBE`` or ``R2SCAN``,
     case-insensitive) and is rejected for single-fidelity checkpoints.
     """
-    if checkpoint not in CHECKPOINTS:
-        raise ValueError(f"unknown checkpoint {checkpoint!r}; choose one of {sorted(CHECKPOINTS)}")
+    if CHECKPOINTS.get(checkpoint) is None:
+        choices = sorted(c for c, name in CHECKPOINTS.items() if name is not None)
+        raise ValueError(f"unknown checkpoint {checkpoint!r}; choose one of {choices}")
     if checkpoint == "sevennet-mf-0":
         choices = " or ".join(MF_0_MODALS)
         if modal is None:
@@ -58,3 +75,20 @@ def setup(checkpoint, device="cuda", modal=None, **kw):
     from sevenn.calculator import SevenNetCalculator
 
     return SevenNetCalculator(model=CHECKPOINTS[checkpoint], device=device, **kw)
+
+
+def setup_from_path(path, device="cuda", **kw):
+    """Return a SevenNetCalculator for a user's own SevenNet checkpoint file.
+
+    A multi-fidelity checkpoint needs ``modal=`` (the head); SevenNet itself
+    rejects a missing or unknown one, naming the heads the file has.
+    """
+    import os
+
+    # sevenn treats a name that is not a file as a pretrained model's name, so a
+    # wrong path must fail here rather than load the shipped weights.
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"SevenNet checkpoint {path} is not a file")
+    from sevenn.calculator import SevenNetCalculator
+
+    return SevenNetCalculator(model=str(path), file_type="checkpoint", device=device, **kw)
