@@ -147,16 +147,6 @@ def test_random_sevennet_forces_and_stress_are_energy_derivatives(random_through
     assert report.ok, f"{report.message} ({ratios(report)})"
 
 
-def test_sevennet_0_through_rootstock_agrees_with_in_process(
-    sevennet_root: Path, shipped_through_rootstock
-):
-    ours, _ = shipped_through_rootstock
-    reference = in_process(sevennet_root, "sevennet", checkpoint="sevennet-0")
-    figures = agreement(ours, reference)
-    print(f"sevennet-0 agreement (max relative difference): {figures}")
-    assert_agree(ours, reference, rtol=FLOAT32_RTOL)
-
-
 def test_sevennet_0_forces_and_stress_are_energy_derivatives(shipped_through_rootstock):
     _, report = shipped_through_rootstock
     print(f"sevennet-0 consistency (float32): {ratios(report)}")
