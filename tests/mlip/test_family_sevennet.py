@@ -4,8 +4,9 @@ small random model through ``sevennet:custom``, proven offline.
 The random model is built with sevenn's own ``build_E3_equivariant_model`` from a
 small config in the env's Python and saved in the checkpoint format that sevenn
 training writes (a dict with ``config`` and ``model_state_dict``). For each model,
-one calculator session gives energy, forces and stress (compared with the same
-model run in-process in the env) and then runs the physics consistency check.
+one calculator session gives energy, forces and stress and then runs the physics
+consistency check; the random model's results are compared with the same model run
+in-process in the env (``sevennet-0``'s comparison is in test_mlip_calculator.py).
 
 SevenNet runs in float32. The worker and the in-process run use the same code and
 thread count, so they agree far closer than float32 precision allows in general;
