@@ -1,12 +1,36 @@
-"""Orb-v3 (Orbital Materials), package ``orb-models``.
+"""Orb-v3 (Orbital Materials), package ``orb-models`` 0.5.x.
 
-Not exercised by the test suite here (weights come from a hub): each loader in
-``orb_models.forcefield.pretrained`` downloads its weights on first use, so run
-``rootstock add <id> --no-verify`` on a node with network access first.
+Pinned below 0.6: orb-models 0.6 requires Python >= 3.12, which the machines
+this env is built and tested on cannot build (their envs are Python 3.11).
 
 The ``conservative`` models compute forces and stress as gradients of the energy
 (smooth, for MD); ``direct`` ones predict them (faster). ``inf`` means every
-neighbour within 6 Å, ``20`` at most twenty.
+neighbour within 6 Å (up to 120), ``20`` at most twenty.
+
+The named ids' weights come from Orbital Materials' S3 bucket: each loader in
+``orb_models.forcefield.pretrained`` downloads them on first use, so run
+``rootstock add <id>`` on a node with network access first (``download()``
+fetches them into cached_path's cache, where the offline worker finds them).
+
+``orb:custom`` loads a user's own weights (a state dict saved with
+``torch.save(model.state_dict(), path)``, as ORB's fine-tuning writes it) through
+:func:`setup_from_path`. An orb-models 0.5 state dict holds no architecture or
+neighbour cap, so ``architecture=`` names the pretrained key it was trained from::
+
+    RootstockCalculator(checkpoint="orb:custom", weights="my-orb.pt",
+                        setup_kwargs={"architecture": "orb-v3-conservative-inf-omat"})
+
+How this is proven here: ``tests/mlip/test_family_orb.py`` builds randomly
+initialised conservative and direct orb-v3 models in this env (full size: the
+architecture's size knobs change the state dict's shapes, so a smaller model would
+not load into any named architecture), loads them through ``orb:custom``, checks
+that energy, forces and stress through RootstockCalculator equal the same model
+run in-process, and runs the physics check through the same calculator, all on
+CPU and offline. The named ids' own weights are never fetched by the tests.
+
+On a GPU node: a CUDA build of torch, network access once per id for
+``rootstock add``, and, because ``torch.compile`` is ORB's default there, a C
+compiler for Triton (or pass ``compile=False``). On CPU the model is not compiled.
 """
 
 # /// script
@@ -25,15 +49,56 @@ CHECKPOINTS = {
     "orb-v3-conservative-20-omat": "orb-v3-conservative-20-omat",
     "orb-v3-direct-20-omat": "orb-v3-direct-20-omat",
     "orb-v3-conservative-inf-mpa": "orb-v3-conservative-inf-mpa",
+    "orb:custom": None,
+}
+
+# How verification judges forces and stress against the energy.
+VERIFY_CHECKS = {
+    # Forces and stress come from their own heads, not from the energy's gradient.
+    "orb-v3-direct-20-omat": {"forces": "direct", "stress": "direct"},
+    # Keeping only the 20 nearest of the ~84 neighbours within 6 Å makes the energy
+    # jump whenever the 20th and 21st swap; on the 8-atom reference they sit in one
+    # shell, ~0.01 Å apart, so the finite-difference steps cross such jumps. With the
+    # same random weights, forces came out 0.18x the derivative of the energy under
+    # the 20 cap and 0.995x under the 120 cap (tests/mlip/test_family_orb.py).
+    "orb-v3-conservative-20-omat": {"energy": "non-smooth"},
+}
+
+# architecture= key -> (kind, neighbour cap, extra architecture kwargs), as each
+# key's loader in orb_models.forcefield.pretrained (0.5.5) builds it.
+_ARCHITECTURES = {
+    "orb-v3-conservative-inf-omat": ("conservative", 120, {}),
+    "orb-v3-conservative-20-omat": ("conservative", 20, {}),
+    "orb-v3-direct-inf-omat": ("direct", 120, {}),
+    "orb-v3-direct-20-omat": ("direct", 20, {}),
+    "orb-v3-conservative-inf-mpa": ("conservative", 120, {}),
+    "orb-v3-conservative-20-mpa": ("conservative", 20, {}),
+    "orb-v3-direct-inf-mpa": ("direct", 120, {}),
+    "orb-v3-direct-20-mpa": ("direct", 20, {}),
+    "orb-v3-conservative-omol": (
+        "conservative",
+        120,
+        {"has_charge_spin_cond": True, "has_stress": False},
+    ),
+    "orb-v3-direct-omol": ("direct", 120, {"has_charge_spin_cond": True, "has_stress": False}),
 }
 
 
 def _loader(checkpoint):
-    if checkpoint not in CHECKPOINTS:
-        raise ValueError(f"unknown checkpoint {checkpoint!r}; choose one of {sorted(CHECKPOINTS)}")
+    if CHECKPOINTS.get(checkpoint) is None:
+        choices = sorted(c for c, name in CHECKPOINTS.items() if name is not None)
+        raise ValueError(f"unknown checkpoint {checkpoint!r}; choose one of {choices}")
     from orb_models.forcefield import pretrained
 
     return pretrained.ORB_PRETRAINED_MODELS[CHECKPOINTS[checkpoint]]
+
+
+def _compiles(device, compile):
+    # ORB compiles by default on every device but MPS; on CPU that needs a C++
+    # toolchain and minutes of warm-up for no gain, so CPU runs eager unless asked.
+    if compile is not None:
+        return bool(compile)
+    return not str(device).lower().startswith("cpu")
 
 
 def download(checkpoint, **kw):
@@ -48,9 +113,74 @@ def download(checkpoint, **kw):
     return str(cached_path(url))
 
 
-def setup(checkpoint, device="cuda", precision="float32-high", **kw):
-    """Return an ORBCalculator; ``precision`` may be float32-high, float32-highest or float64."""
+def setup(checkpoint, device="cuda", precision="float32-high", compile=None, **kw):
+    """Return an ORBCalculator; ``precision`` may be float32-high, float32-highest or float64.
+
+    ``compile`` (torch.compile) defaults to ORB's choice off CPU and to False on CPU.
+    """
     from orb_models.forcefield.calculator import ORBCalculator
 
-    model = _loader(checkpoint)(device=device, precision=precision)
+    model = _loader(checkpoint)(
+        device=device, precision=precision, compile=_compiles(device, compile)
+    )
+    return ORBCalculator(model, device=device, **kw)
+
+
+def setup_from_path(
+    path,
+    device="cuda",
+    architecture=None,
+    precision="float32-high",
+    compile=None,
+    **kw,
+):
+    """Return an ORBCalculator for a user's orb-v3 state dict at ``path``.
+
+    ``architecture`` (required) is the pretrained key the weights match, for
+    example ``orb-v3-conservative-inf-omat``: it fixes the model class
+    (conservative or direct) and the neighbour cap, which the file does not record.
+    ``precision`` and ``compile`` are as for :func:`setup`.
+    """
+    if architecture not in _ARCHITECTURES:
+        given = "no architecture" if architecture is None else f"architecture {architecture!r}"
+        raise ValueError(
+            f"orb:custom needs architecture= naming the pretrained model the weights "
+            f"match; got {given}; choose one of {sorted(_ARCHITECTURES)}"
+        )
+    kind, neighbours, extra = _ARCHITECTURES[architecture]
+
+    import torch
+    from orb_models.forcefield import pretrained
+    from orb_models.forcefield.atomic_system import SystemConfig
+    from orb_models.forcefield.calculator import ORBCalculator
+    from orb_models.forcefield.load import load_forcefield_state_dict
+    from orb_models.utils import set_torch_precision
+
+    # The same steps as pretrained.load_model, which would hide missing heads.
+    build = getattr(pretrained, f"orb_v3_{kind}_architecture")
+    config = SystemConfig(radius=6.0, max_num_neighbors=neighbours)
+    model = build(device="cpu", system_config=config, **extra)
+    model = model.to(set_torch_precision(precision))
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch.load raises whatever its unpickler or zip reader hits
+        raise ValueError(
+            f"cannot read {path} as a torch state dict: {type(exc).__name__}: {exc}"
+        ) from exc
+    try:
+        bad = load_forcefield_state_dict(model, state, strict=True)
+    except RuntimeError as exc:
+        raise ValueError(f"{path} does not fit architecture {architecture!r}: {exc}") from exc
+    if bad.missing_keys:
+        # ORB's strict load lets a head be missing and leaves it random.
+        heads = sorted({key.split(".")[1] for key in bad.missing_keys})
+        raise ValueError(
+            f"{path} does not fit architecture {architecture!r}: it has no weights "
+            f"for the {', '.join(heads)} head(s); pick the architecture it was trained as"
+        )
+    model = model.to(device).eval()
+    for parameter in model.parameters():
+        parameter.requires_grad = False
+    if _compiles(device, compile):
+        model.compile(mode="default", dynamic=True)
     return ORBCalculator(model, device=device, **kw)
