@@ -44,6 +44,42 @@ def record(
     }
 
 
+def checks(forces: float = 1.0, stress: float | None = 1.0, forces_mode: str = "gradient"):
+    """A record's physics checks as ``rootstock add`` writes them (docs/manifest.md)."""
+
+    def quantity(name: str, ratio: float | None, mode: str) -> dict[str, Any]:
+        if ratio is None:
+            return {"mode": "n/a", "ok": True, "ratio": None, "cosine": None,
+                    "norm_ratio": None, "tol": {}, "directions": 0,
+                    "message": "not checked: the structure is not 3-D periodic"}  # fmt: skip
+        ok = abs(ratio - 1) <= 0.02 if mode == "gradient" else 0.5 <= ratio <= 2
+        what = "negative gradient" if name == "forces" else "strain derivative"
+        return {
+            "mode": mode,
+            "ok": ok,
+            "ratio": ratio,
+            "cosine": 1.0 if ratio > 0 else -1.0,
+            "norm_ratio": abs(ratio),
+            "tol": {"ratio": 0.02, "rule": "float64"},
+            "directions": 3,
+            "message": None if ok else f"{name}: {ratio:.4g}× the {what} of the energy",
+        }
+
+    forces_check = quantity("forces", forces, forces_mode)
+    stress_check = quantity("stress", stress, "gradient")
+    return {
+        "ok": forces_check["ok"] and stress_check["ok"],
+        "dtype": "float64",
+        "model_dtype": "float64",
+        "step": 0.001,
+        "energy": "smooth",
+        "energy_calls": 8,
+        "seconds": 0.1,
+        "forces": forces_check,
+        "stress": stress_check,
+    }
+
+
 def manifest(
     cluster: str,
     envs: dict[str, dict[str, dict[str, Any] | None]],

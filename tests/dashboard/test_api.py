@@ -321,7 +321,27 @@ def _wrong_shapes(cluster: str) -> dict[str, object]:
         "path cluster missing": {**good, "clusters": ["elsewhere"]},
         "NUL in an env name": {**good, "envs": {"ma\x00ce": {}}},
         "env name too long": {**good, "envs": {"m" * 201: {}}},
+        "checks is a list": _with_checks(cluster, [1.0, 1.0]),
+        "a check's ratio is text": _with_checks(
+            cluster, {**manifests.checks(), "stress": {"mode": "gradient", "ratio": "160.2"}}
+        ),
     }
+
+
+def _with_checks(cluster: str, checks: object) -> dict:
+    """A one-checkpoint manifest whose verification record carries ``checks``."""
+    record = {**manifests.record("mace"), "checks": checks}
+    return manifests.manifest(cluster, {"mace": {"mace-mp-0-small": {"gpu": record}}})
+
+
+def test_checks_are_kept_in_the_pushed_manifest(live_dashboard):
+    cluster, auth = live_dashboard.cluster_with_key()
+    checks = manifests.checks(1.01, None)
+    response = put_manifest(live_dashboard, cluster, _with_checks(cluster, checks), auth)
+    assert response.status_code == 200, response.text
+    stored = httpx.get(f"{live_dashboard.url}api/v1/clusters/{cluster}/manifest").json()
+    record = stored["manifest"]["envs"]["mace"]["checkpoints"]["mace-mp-0-small"]
+    assert record["verifications"][cluster]["gpu"]["checks"] == checks
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests.dashboard.conftest import unique
-from tests.dashboard.manifests import manifest, record
+from tests.dashboard.manifests import checks, manifest, record
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -189,6 +189,40 @@ def test_cluster_page_lists_envs_and_verification_history(live_dashboard, family
     assert pushed["received_at"] in html  # the last push, exact time in its title
     pushes = body_rows(html, "pushes")
     assert [p["cells"][0] for p in pushes][:1] == [str(pushed["push_id"])]
+
+
+def test_cluster_page_shows_the_check_ratios_in_the_history(live_dashboard, family):
+    cluster, headers = live_dashboard.cluster_with_key()
+    checkpoint = f"{family}-small"
+    old = record(family, at="2026-11-27T10:00:00+00:00")  # pushed before checks existed
+    push(live_dashboard, cluster, headers, manifest(cluster, {family: {checkpoint: {"gpu": old}}}))
+    good = {**record(family, at="2026-11-28T10:00:00+00:00"), "checks": checks(1.0003, 0.9998)}
+    push(live_dashboard, cluster, headers, manifest(cluster, {family: {checkpoint: {"gpu": good}}}))
+    bad = {
+        **record(family, "failed", at="2026-11-29T10:00:00+00:00", message="stress is 160.2×"),
+        "checks": checks(1.21, 160.2, forces_mode="direct"),
+    }
+    molecule = {**record(family, at="2026-11-29T11:00:00+00:00"), "checks": checks(0.999, None)}
+    push(
+        live_dashboard,
+        cluster,
+        headers,
+        manifest(cluster, {family: {checkpoint: {"gpu": bad, "cpu": molecule}}}),
+    )
+
+    html = get(live_dashboard, f"/clusters/{cluster}")
+    header = table_rows(html, "history")[0]["cells"]
+    column = header.index("checks")
+    history = body_rows(html, "history")
+    assert [(h["cells"][1], h["cells"][2], h["cells"][column]) for h in history] == [
+        ("cpu", "verified", "forces 0.999 · stress n/a"),
+        ("gpu", "failed", "forces 1.210 (direct) · stress 160.2"),
+        ("gpu", "verified", "forces 1.000 · stress 1.000"),
+        ("gpu", "verified", "—"),
+    ]
+    assert history[1]["classes"][column] == "checks"
+    assert 'class="bad" data-quantity="stress"' in html
+    assert 'class="ok" data-quantity="forces"' in html
 
 
 def test_unknown_cluster_is_a_404_page(live_dashboard):

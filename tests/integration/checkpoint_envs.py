@@ -84,6 +84,34 @@ def setup(checkpoint, device="cuda", scale=None, name=None, **kw):
     return scaled_emt(SCALE)
 '''
 
+# Each checkpoint id is EMT broken one way after the fact (the energy stays EMT's):
+# (force scale, stress scale, force noise in eV/Å). 160.2 is GPa reported as eV/Å³;
+# 1.2 plus noise stands for a direct force head that only approximates the gradient.
+BROKEN_SETUP = """
+
+BREAKAGES = {breakages!r}
+
+
+def setup(checkpoint, device="cuda", **kw):
+    \"\"\"EMT with its forces and stress scaled (and noised) as BREAKAGES says.\"\"\"
+    import numpy as np
+    from ase.calculators.calculator import all_changes
+    from ase.calculators.emt import EMT
+
+    force_scale, stress_scale, noise = BREAKAGES[checkpoint]
+
+    class BrokenEMT(EMT):
+        def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+            super().calculate(atoms, list(properties), system_changes)
+            rng = np.random.default_rng(0)
+            forces = self.results["forces"] * force_scale
+            self.results["forces"] = forces + noise * rng.standard_normal(forces.shape)
+            if "stress" in self.results:
+                self.results["stress"] = self.results["stress"] * stress_scale
+
+    return BrokenEMT()
+"""
+
 # download() fetches {"scale": ...} from WEIGHTS_URL into the cache root; setup()
 # only reads that file, and refuses to run online.
 DOWNLOAD_HOOKS = '''
@@ -145,6 +173,17 @@ def write_env(
     header = ENV_HEADER.format(name=name, checkpoints=checkpoints, tables=tables, scale=scale)
     path.write_text(header + body + SCALED_EMT)
     return path
+
+
+def write_broken_env(
+    directory: Path,
+    name: str,
+    breakages: dict[str, tuple[float, float, float]],
+    tables: str = "",
+) -> Path:
+    """An env whose ids serve EMT broken as ``breakages[id]`` says (see BROKEN_SETUP)."""
+    body = BROKEN_SETUP.format(breakages=breakages)
+    return write_env(directory, name, list(breakages), tables=tables, body=body)
 
 
 def install(root: Path, *env_files: Path) -> None:

@@ -35,17 +35,21 @@ from tests.integration.checkpoint_envs import (
     smoke_json,
     status_json,
     weights_server,
+    write_broken_env,
     write_env,
 )
 
 pytestmark = pytest.mark.timeout(600)
 
 SMOKE_SUMMARY_KEYS = {"cluster", "ok", "counts", "results"}
-SMOKE_RESULT_KEYS = {"env", "checkpoint", "device", "state", "seconds", "message"}
+SMOKE_RESULT_KEYS = {"env", "checkpoint", "device", "state", "seconds", "message", "checks"}
 STATUS_CELL_KEYS = {
     "state", "cluster", "device_kind", "device", "at", "age_s", "fetched_at", "message",
-    "recorded_state",
+    "recorded_state", "checks",
 }  # fmt: skip
+CHECKS_KEYS = {"ok", "dtype", "model_dtype", "step", "energy", "energy_calls", "seconds",
+               "forces", "stress"}  # fmt: skip
+GPA = 160.21766208
 
 
 def rs(root: Path, *args: str, check: bool = True, timeout: float = 300):
@@ -75,6 +79,15 @@ def test_maintainer_flow_on_emt(scratch_root: Path):
     state = cell(root, "emt", "emt")
     assert (state["state"], state["device"], state["device_kind"]) == ("verified", "cpu", "cpu")
     assert state["age_s"] is not None and state["age_s"] < 120
+    # The forward pass was checked against the energy: EMT is conservative.
+    checks = state["checks"]
+    assert set(checks) == CHECKS_KEYS and checks["ok"] is True
+    assert checks == manifest_record(root, "emt", "emt")["checks"]
+    for quantity in ("forces", "stress"):
+        assert checks[quantity]["mode"] == "gradient" and checks[quantity]["ok"] is True
+        assert checks[quantity]["ratio"] == pytest.approx(1.0, abs=1e-3), quantity
+        assert checks[quantity]["tol"]["ratio"] in (0.02, 0.10)
+    assert checks["energy"] == "smooth" and checks["energy_calls"] == 8
 
     code, summary = smoke_json(root)
     assert code == 0
@@ -87,6 +100,7 @@ def test_maintainer_flow_on_emt(scratch_root: Path):
         "emt", "emt", "cpu", "verified",
     )  # fmt: skip
     assert result["message"] is None and isinstance(result["seconds"], float)
+    assert result["checks"]["ok"] is True and set(result["checks"]) == CHECKS_KEYS
 
     rs(root, "install", "emt", "--force", timeout=600)
     state = cell(root, "emt", "emt")
@@ -151,6 +165,73 @@ def test_drift_is_caught_and_only_accept_drift_resets_it(scratch_root: Path, tmp
     code, summary = smoke_json(root)
     assert code == 0 and summary["counts"] == {"verified": 1}
     assert cell(root, "scaled", "scaled-emt")["state"] == "verified"
+
+
+def test_physics_checks_catch_units_and_signs_and_honour_direct_forces(
+    scratch_root: Path, tmp_path: Path
+):
+    root = scratch_root
+    breakages = {
+        "gpa-stress": (1.0, GPA, 0.0),
+        "flipped-forces": (-1.0, 1.0, 0.0),
+        "direct-forces": (1.2, 1.0, 0.005),
+        "direct-undeclared": (1.2, 1.0, 0.005),
+    }
+    tables = 'VERIFY_CHECKS = {"direct-forces": {"forces": "direct"}}\n'
+    install(root, write_broken_env(tmp_path / "src", "broken", breakages, tables=tables))
+
+    proc = rs(root, "add", "gpa-stress", "--device", "cpu", "--json", check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["state"] == "failed"
+    assert doc["message"].startswith(
+        "stress is 160.2× the strain derivative of the energy: a unit error (GPa vs eV/Å³?)"
+    )
+    assert doc["checks"]["stress"]["ok"] is False and doc["checks"]["forces"]["ok"] is True
+    assert doc["checks"]["stress"]["ratio"] == pytest.approx(GPA, rel=1e-3)
+    record = manifest_record(root, "broken", "gpa-stress")
+    assert record["state"] == "failed" and record["checks"] == doc["checks"]
+    assert record["reference"] is None and record["fingerprint"] is None, "no reference set"
+    state = cell(root, "broken", "gpa-stress")
+    assert state["state"] == "failed" and "160.2×" in state["message"]
+    assert state["checks"]["stress"]["ratio"] == pytest.approx(GPA, rel=1e-3)
+    human = rs(root, "status", check=False, timeout=60).stdout
+    assert "a unit error (GPa vs eV/Å³?)" in " ".join(human.split())
+
+    doc = add_json(root, "flipped-forces", "--device", "cpu", check=False)
+    assert doc["state"] == "failed" and doc["checks"]["forces"]["ok"] is False
+    assert doc["message"].startswith("forces are -1× the negative gradient of the energy")
+    assert ": a sign error" in doc["message"] and "stress" not in doc["message"]
+
+    doc = add_json(root, "direct-forces", "--device", "cpu")
+    assert doc["state"] == "verified", doc["message"]
+    forces = doc["checks"]["forces"]
+    assert forces["mode"] == "direct" and forces["ok"] is True
+    assert forces["ratio"] == pytest.approx(1.2, abs=0.1) and forces["cosine"] > 0.9
+    assert forces["tol"] == {"min_cosine": 0.9, "norm_ratio": [0.5, 2.0]}
+    assert doc["checks"]["stress"]["mode"] == "gradient" and doc["checks"]["stress"]["ok"]
+
+    doc = add_json(root, "direct-undeclared", "--device", "cpu", check=False)
+    assert doc["state"] == "failed" and doc["checks"]["forces"]["mode"] == "gradient"
+    assert doc["message"].startswith("forces are 1.")
+    assert "declare it in VERIFY_CHECKS in environments/broken.py" in doc["message"]
+
+    # A physics failure after a pass keeps the accepted reference, even with
+    # --accept-drift, and smoke-test reports it the same way.
+    fixed = dict(breakages, **{"gpa-stress": (1.0, 1.0, 0.0)})
+    hotfix(root, "broken", lambda src: src.replace(repr(breakages), repr(fixed)))
+    assert add_json(root, "gpa-stress", "--device", "cpu")["state"] == "verified"
+    reference = manifest_record(root, "broken", "gpa-stress")["reference"]
+    assert reference is not None
+    hotfix(root, "broken", lambda src: src.replace(repr(fixed), repr(breakages)))
+    doc = add_json(root, "gpa-stress", "--device", "cpu", "--accept-drift", check=False)
+    assert doc["state"] == "failed" and "160.2×" in doc["message"]
+    assert manifest_record(root, "broken", "gpa-stress")["reference"] == reference
+    code, summary = smoke_json(root, "--checkpoint", "gpa-stress")
+    assert code == 1 and summary["counts"] == {"failed": 1}
+    (result,) = summary["results"]
+    assert result["checks"]["stress"]["ok"] is False and "160.2×" in result["message"]
+    assert manifest_record(root, "broken", "gpa-stress")["reference"] == reference
 
 
 def test_download_hook_fetches_then_verify_runs_offline(

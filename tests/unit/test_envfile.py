@@ -53,6 +53,11 @@ EXPECTED = {
     "verify-kwargs-not-dict": (12, "VERIFY_KWARGS must be a dict {checkpoint-id"),
     "verify-kwargs-value-not-dict": (13, "VERIFY_KWARGS['toy-1'] must be a dict of keyword"),
     "verify-kwargs-not-json": (13, "JSON cannot carry"),
+    "verify-checks-unknown-id": (13, "VERIFY_CHECKS declares checks for 'toy-2', an id"),
+    "verify-checks-unknown-key": (15, "checks an unknown quantity 'force'"),
+    "verify-checks-unknown-mode": (14, "VERIFY_CHECKS['toy-1']['forces'] is 'predicted'"),
+    "verify-checks-not-dict": (12, "VERIFY_CHECKS must be a dict {checkpoint-id"),
+    "verify-checks-value-not-dict": (13, "VERIFY_CHECKS['toy-1'] must be a dict {quantity"),
     "empty-clusters": (12, "CLUSTERS is empty"),
     "clusters-not-list": (12, "CLUSTERS must be a list of cluster names"),
     "duplicate-id-of-emt": (10, "'emt' is already declared by the installed env 'emt'"),
@@ -84,6 +89,9 @@ REQUIRED_RULES = {
     "non-literal tables": "checkpoints-not-literal",
     ":custom without setup_from_path": "custom-without-setup-from-path",
     "VERIFY_KWARGS key not declared": "verify-kwargs-unknown-id",
+    "VERIFY_CHECKS key not declared": "verify-checks-unknown-id",
+    "VERIFY_CHECKS unknown quantity": "verify-checks-unknown-key",
+    "VERIFY_CHECKS unknown mode": "verify-checks-unknown-mode",
     "empty CLUSTERS": "empty-clusters",
     "id declared by another installed env": "duplicate-id-of-emt",
     "id outside the allowed pattern": "bad-checkpoint-id",
@@ -276,6 +284,33 @@ def test_variant_with_clusters_and_verify_structure(tmp_path):
     assert env.verify_structure["symbols"] == "Cu2"
     assert env.table_lines["CLUSTERS"] < env.table_lines["VERIFY_STRUCTURE"]
     assert env.line_of("toy:custom") == env.line_of("toy-1") + 1
+
+
+def test_verify_checks_are_read_per_checkpoint(tmp_path):
+    path = write_env(
+        tmp_path,
+        "toy-orb",
+        """
+        CHECKPOINTS = {"toy-direct": "d", "toy-capped": "c", "toy-plain": "p"}
+        VERIFY_CHECKS = {
+            "toy-direct": {"forces": "direct", "stress": "direct"},
+            "toy-capped": {"energy": "non-smooth"},
+        }
+        """,
+    )
+    env = read_env_file(path)
+    assert env.verify_checks == {
+        "toy-direct": {"forces": "direct", "stress": "direct"},
+        "toy-capped": {"energy": "non-smooth"},
+    }
+    assert "toy-plain" not in env.verify_checks
+
+
+def test_verify_checks_mode_message_names_the_allowed_modes():
+    (problem,) = corpus_problems("verify-checks-unknown-mode")
+    assert "gradient, direct" in problem.fix
+    (problem,) = corpus_problems("verify-checks-unknown-key")
+    assert "forces, stress, energy" in problem.fix
 
 
 def test_molecule_structure_without_cell(tmp_path):

@@ -165,6 +165,60 @@ def test_failure_keeps_the_reference_and_a_one_line_reason(layout) -> None:
     assert failed["fingerprint"] is None and failed["reference"]["fingerprint"] == FP
 
 
+CHECKS = {
+    "ok": True,
+    "dtype": "float32",
+    "step": 0.01,
+    "energy": "smooth",
+    "forces": {"mode": "gradient", "ok": True, "ratio": 1.002},
+    "stress": {"mode": "gradient", "ok": True, "ratio": 0.999},
+}
+
+
+def test_checks_are_stored_and_shown_in_the_cell(layout) -> None:
+    stored = record_verification(layout, "mace", "small", "della", passed(FP, checks=CHECKS))
+    assert stored["checks"] == CHECKS
+    cell = state(layout)
+    assert cell.state == "verified" and cell.to_dict()["checks"] == CHECKS
+
+
+def test_a_physics_failure_keeps_the_reference(layout) -> None:
+    record_verification(layout, "mace", "small", "della", passed(FP, checks=CHECKS))
+    bad = dict(CHECKS, ok=False, stress={"mode": "gradient", "ok": False, "ratio": 160.2})
+    message = "stress is 160.2× the strain derivative of the energy: a unit error"
+    failed = record_verification(
+        layout,
+        "mace",
+        "small",
+        "della",
+        # The fingerprint of a pass whose physics failed: never a reference.
+        {"passed": False, "device": "cuda", "fingerprint": scaled(FP, 2.0), "checks": bad,
+         "message": message},
+    )  # fmt: skip
+    assert failed["state"] == "failed" and failed["message"] == message
+    assert failed["checks"]["stress"]["ratio"] == 160.2 and failed["fingerprint"] is None
+    assert failed["reference"]["fingerprint"] == FP
+    again = record_verification(
+        layout, "mace", "small", "della",
+        {"passed": False, "device": "cuda", "fingerprint": FP, "checks": bad, "message": message},
+        accept_drift=True,
+    )  # fmt: skip
+    assert again["reference"]["fingerprint"] == FP, "--accept-drift never accepts a failure"
+    assert state(layout).checks["stress"]["ok"] is False
+
+
+def test_records_without_checks_stay_valid(layout) -> None:
+    record_verification(layout, "mace", "small", "della", passed(FP))
+    data = load_manifest(layout)
+    record = data["envs"]["mace"]["checkpoints"]["small"]["verifications"]["della"]["gpu"]
+    assert record["checks"] is None
+    del record["checks"]  # as a record written before the checks existed
+    cell = checkpoint_state(data, "mace", "small", "della")
+    assert cell.state == "verified" and cell.checks is None
+    with pytest.raises(ValueError, match="checks"):
+        record_verification(layout, "mace", "small", "della", passed(FP, checks=[1.0]))
+
+
 def test_references_are_per_cluster_and_per_device_kind(layout) -> None:
     record_verification(layout, "mace", "small", "sophia", passed(FP, "cuda"))
     cpu = record_verification(layout, "mace", "small", "sophia", passed(scaled(FP, 1.01), "cpu"))

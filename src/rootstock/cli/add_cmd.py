@@ -96,6 +96,8 @@ def add(
         if doc["seconds"] is not None:
             line += f" on {doc['device']} in {doc['seconds']:.1f} s"
         click.echo(line)
+        if doc["checks"]:
+            click.echo(f"  physics checks: {describe_checks(doc['checks'])}")
         if doc["message"]:
             click.echo(f"  {doc['message']}", err=True)
     from rootstock.cli.push_hooks import auto_push_dashboard, push_after
@@ -103,6 +105,22 @@ def add(
     push_after("add", layout, auto_push_dashboard(no_push), [result.cluster])
     if not result.ok:
         raise click.exceptions.Exit(1)
+
+
+def describe_checks(checks: dict) -> str:
+    """``forces 1.000, stress 0.999 (model / energy derivative, float64 rule)``."""
+    parts = []
+    for quantity in ("forces", "stress"):
+        check = checks.get(quantity) or {}
+        ratio = check.get("ratio")
+        if check.get("mode") == "n/a":
+            parts.append(f"{quantity} n/a")
+        elif isinstance(ratio, int | float):
+            mode = "" if check.get("mode") == "gradient" else f" ({check.get('mode')})"
+            mark = "" if check.get("ok") else " FAILED"
+            shown = f"{ratio:.4g}" if abs(ratio) >= 10 else f"{ratio:.3f}"
+            parts.append(f"{quantity} {shown}{mode}{mark}")
+    return f"{', '.join(parts)} (model / energy derivative, {checks.get('dtype')} rule)"
 
 
 def _list_addable(layout, cluster, as_json):

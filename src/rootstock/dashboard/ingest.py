@@ -142,7 +142,7 @@ def _lock_cluster(session: Session, cluster: Cluster) -> None:
 ENV_TEXT = {field: NAME for field in ENV_FIELDS}
 ENTRY_TEXT = {"fetched_at": TIME}
 RECORD_TEXT = {"at": TIME, "state": SHORT, "device": NAME, "message": None}
-RECORD_OBJECTS = ("build", "fingerprint")
+RECORD_OBJECTS = ("build", "fingerprint", "checks")
 
 
 def check_manifest_shape(manifest: Any) -> None:
@@ -256,6 +256,7 @@ def _rows_from_manifest(
                     "device": record.get("device"),
                     "message": record.get("message"),
                     "energy_per_atom": _energy(record.get("fingerprint")),
+                    "checks": _checks_text(record.get("checks")),
                     "push_id": push_id,
                 }
     return env_rows, cell_rows, list(events.values())
@@ -267,6 +268,13 @@ def _energy(fingerprint: dict[str, Any] | None) -> float | None:
         return None
     value = float(value)
     return value if math.isfinite(value) else None
+
+
+def _checks_text(checks: dict[str, Any] | None) -> str | None:
+    """A record's physics checks as the compact JSON text the history column keeps."""
+    if not isinstance(checks, dict):
+        return None
+    return json.dumps(checks, separators=(",", ":"), sort_keys=True)
 
 
 def _insert_new_events(session: Session, cluster_id: int, rows: list[dict]) -> None:

@@ -176,6 +176,9 @@ class VerificationEvent(Base):
     device: Mapped[str | None] = mapped_column(String(NAME), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     energy_per_atom: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # The record's physics checks (forces and stress against the energy) as compact
+    # JSON text, as the manifest carried them; null for records from before them.
+    checks: Mapped[str | None] = mapped_column(Text, nullable=True)
     push_id: Mapped[int] = mapped_column(Integer)
 
 

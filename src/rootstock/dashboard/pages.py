@@ -196,6 +196,42 @@ def _cell(cell: views.Cell | None, now: datetime, cache: dict[tuple, str]) -> st
     return html
 
 
+CHECKED_QUANTITIES = ("forces", "stress")
+
+
+def check_labels(checks: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """One label per checked quantity: ``forces 1.000``, ``stress 160.2``, ``stress n/a``.
+
+    The ratio is the model's value over the finite difference of the energy; a loose
+    (``direct``) mode is named after it. Values that are not what rootstock writes
+    are shown as ``?`` rather than trusted.
+    """
+    labels = []
+    for quantity in CHECKED_QUANTITIES:
+        check = (checks or {}).get(quantity)
+        if not isinstance(check, dict):
+            continue
+        mode, ratio, ok = check.get("mode"), check.get("ratio"), check.get("ok")
+        if mode == "n/a":
+            text = f"{quantity} n/a"
+        elif isinstance(ratio, int | float) and not isinstance(ratio, bool):
+            text = f"{quantity} {ratio:.4g}" if abs(ratio) >= 10 else f"{quantity} {ratio:.3f}"
+        else:
+            text = f"{quantity} ?"
+        if isinstance(mode, str) and mode not in ("gradient", "n/a"):
+            text += f" ({mode})"
+        message = check.get("message")
+        labels.append(
+            {
+                "quantity": quantity,
+                "text": text,
+                "ok": ok is not False,
+                "title": message if isinstance(message, str) else "model / finite difference",
+            }
+        )
+    return labels
+
+
 @router.get("/clusters/{name}", response_class=HTMLResponse)
 def cluster_page(request: Request, name: str) -> HTMLResponse:
     """One cluster: its envs and versions, its pushes, each checkpoint's history."""
@@ -227,6 +263,7 @@ def cluster_page(request: Request, name: str) -> HTMLResponse:
                     "when": when_label(event["at"]),
                     "age": age_label(event["at"], now),
                     "cls": state_class(event["state"]),
+                    "check_labels": check_labels(event.get("checks")),
                 }
             )
     checkpoints = [

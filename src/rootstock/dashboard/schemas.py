@@ -121,6 +121,27 @@ class Fingerprint(_Open):
     energy_per_atom: float | None = None
 
 
+class QuantityCheck(_Open):
+    """How one quantity (forces, stress) compared with the energy's derivative."""
+
+    mode: Short | None = None
+    ok: bool | None = None
+    ratio: float | None = None
+    cosine: float | None = None
+    norm_ratio: float | None = None
+    message: str | None = None
+
+
+class VerificationChecks(_Open):
+    """A verification's physics checks (docs/manifest.md, "Physics checks")."""
+
+    ok: bool | None = None
+    dtype: Short | None = None
+    energy: Short | None = None
+    forces: QuantityCheck | None = None
+    stress: QuantityCheck | None = None
+
+
 class VerificationRecord(_Open):
     """One cluster's latest verification for one device kind."""
 
@@ -130,6 +151,7 @@ class VerificationRecord(_Open):
     device_kind: Short | None = None
     message: str | None = None
     fingerprint: Fingerprint | None = None
+    checks: VerificationChecks | None = None
     build: BuildRef | None = None
 
 

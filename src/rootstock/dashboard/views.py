@@ -253,6 +253,7 @@ def cluster_detail(
 
     ``envs``: each env of the latest push with its versions; ``checkpoints``: each
     current cell with its verification ``history`` (newest first, every device kind,
+    each event with its physics ``checks`` as pushed, or None,
     at most ``history_limit`` per checkpoint, since a nightly smoke-test adds one a
     day); ``retired``: history of checkpoints the latest push no longer carries.
     """
@@ -296,6 +297,7 @@ def cluster_detail(
                 "device": event.device,
                 "message": event.message,
                 "energy_per_atom": event.energy_per_atom,
+                "checks": _decoded_checks(event.checks),
             }
         )
     checkpoint_counts: Counter = Counter()
@@ -340,6 +342,17 @@ def cluster_detail(
             for (env, checkpoint), records in sorted(history.items(), key=lambda i: i[0][::-1])
         ],
     }
+
+
+def _decoded_checks(text: str | None) -> dict[str, Any] | None:
+    """A history event's physics checks, decoded from the JSON text stored with it."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def usage_summary(session: Session) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Environment files: a PEP 723 block plus literal tables, read with ``ast``.
 
 An env file is never imported by the client. Its dependencies come from the
-``# /// script`` block; ``CHECKPOINTS``, ``VERIFY_KWARGS``, ``CLUSTERS`` and
-``VERIFY_STRUCTURE`` are literal module-level assignments; ``setup``,
+``# /// script`` block; ``CHECKPOINTS``, ``VERIFY_KWARGS``, ``VERIFY_CHECKS``, ``CLUSTERS``
+and ``VERIFY_STRUCTURE`` are literal module-level assignments; ``setup``,
 ``setup_from_path`` and ``download`` are detected as top-level functions.
 """
 
@@ -25,6 +25,7 @@ from rootstock.install.envtables import (
     is_custom_id,
     read_checkpoints,
     read_clusters,
+    read_verify_checks,
     read_verify_kwargs,
     read_verify_structure,
 )
@@ -46,7 +47,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PEP723_RE = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
 _SCRIPT_OPEN_RE = re.compile(r"(?m)^# /// script\s*$")
 _REQUIREMENT_NAME_RE = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
-TABLES = ("CHECKPOINTS", "VERIFY_KWARGS", "CLUSTERS", "VERIFY_STRUCTURE")
+TABLES = ("CHECKPOINTS", "VERIFY_KWARGS", "VERIFY_CHECKS", "CLUSTERS", "VERIFY_STRUCTURE")
 _MUTATING_METHODS = frozenset(
     {"update", "pop", "popitem", "setdefault", "clear", "append", "extend", "insert", "remove"}
 )
@@ -78,6 +79,8 @@ class EnvFile:
     script_metadata: dict[str, Any] = field(default_factory=dict)
     checkpoints: dict[str, str | None] = field(default_factory=dict)
     verify_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # {checkpoint: {quantity: mode}}: how verification judges forces/stress/energy.
+    verify_checks: dict[str, dict[str, str]] = field(default_factory=dict)
     clusters: list[str] | None = None
     verify_structure: dict[str, Any] | None = None
     functions: set[str] = field(default_factory=set)
@@ -288,6 +291,12 @@ def _read_module(env: EnvFile, tree: ast.Module, problem: Report) -> None:
         line, table = values["VERIFY_KWARGS"]
         key_lines = _key_lines(nodes["VERIFY_KWARGS"])
         env.verify_kwargs = read_verify_kwargs(table, line, key_lines, env.checkpoints, problem)
+    if "VERIFY_CHECKS" in values:
+        line, table = values["VERIFY_CHECKS"]
+        node = nodes["VERIFY_CHECKS"]
+        env.verify_checks = read_verify_checks(
+            table, line, _key_lines(node), env.checkpoints, problem, _nested_key_lines(node)
+        )
     if "CLUSTERS" in values:
         line, table = values["CLUSTERS"]
         env.clusters = read_clusters(table, line, problem)
@@ -313,6 +322,17 @@ def _key_lines(value: ast.expr) -> dict[str, int]:
     return {
         key.value: key.lineno
         for key in value.keys
+        if isinstance(key, ast.Constant) and isinstance(key.value, str)
+    }
+
+
+def _nested_key_lines(value: ast.expr) -> dict[str, dict[str, int]]:
+    """Line of each string key one level down (``{"id": {"forces": ...}}``)."""
+    if not isinstance(value, ast.Dict):
+        return {}
+    return {
+        key.value: _key_lines(inner)
+        for key, inner in zip(value.keys, value.values, strict=True)
         if isinstance(key, ast.Constant) and isinstance(key.value, str)
     }
 

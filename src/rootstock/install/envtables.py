@@ -14,6 +14,14 @@ from typing import Any
 CHECKPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?::custom)?$")
 CUSTOM_SUFFIX = ":custom"
 VERIFY_STRUCTURE_KEYS = ("symbols", "positions", "cell", "pbc")
+# The physics checks of verification and the modes an env may declare for each in
+# VERIFY_CHECKS (rootstock.ops.consistency judges by them; the first is the default).
+VERIFY_CHECK_MODES: dict[str, tuple[str, ...]] = {
+    "forces": ("gradient", "direct"),
+    "stress": ("gradient", "direct"),
+    "energy": ("smooth", "non-smooth"),
+}
+VERIFY_CHECKS_EXAMPLE = 'VERIFY_CHECKS = {"my-model-1": {"forces": "direct", "stress": "direct"}}'
 SETUP_FROM_PATH_SIGNATURE = 'def setup_from_path(path, device="cuda", **kw)'
 STRUCTURE_EXAMPLE = (
     'VERIFY_STRUCTURE = {"symbols": ["Cu"], "positions": [[0, 0, 0]], '
@@ -143,6 +151,68 @@ def read_verify_kwargs(
             continue
         kwargs[key] = value
     return kwargs
+
+
+def read_verify_checks(
+    table: Any,
+    line: int,
+    key_lines: dict[str, int],
+    declared: dict[str, str | None],
+    problem: Report,
+    inner_lines: dict[str, dict[str, int]] | None = None,
+) -> dict[str, dict[str, str]]:
+    """The valid ``{id: {quantity: mode}}`` entries of ``VERIFY_CHECKS``.
+
+    Quantities and their modes are those of :data:`VERIFY_CHECK_MODES`; an entry with
+    any unknown quantity or mode is dropped whole, so verification never half-applies it.
+    ``inner_lines[id][quantity]`` is the line of each quantity, where a problem points.
+    """
+    if not isinstance(table, dict):
+        problem(
+            line,
+            "VERIFY_CHECKS must be a dict {checkpoint-id: {quantity: mode}}",
+            f"write {VERIFY_CHECKS_EXAMPLE}",
+        )
+        return {}
+    checks: dict[str, dict[str, str]] = {}
+    for key, value in table.items():
+        at = key_lines.get(key, line) if isinstance(key, str) else line
+        if key not in declared:
+            problem(
+                at,
+                f"VERIFY_CHECKS declares checks for {key!r}, an id CHECKPOINTS does not declare",
+                "use a declared checkpoint id as the key, or remove the entry",
+            )
+            continue
+        if not isinstance(value, dict):
+            problem(
+                at,
+                f"VERIFY_CHECKS[{key!r}] must be a dict {{quantity: mode}}",
+                f'write "{key}": {{"forces": "direct"}}',
+            )
+            continue
+        valid = True
+        for quantity, mode in value.items():
+            here = (inner_lines or {}).get(key, {}).get(quantity, at)
+            if quantity not in VERIFY_CHECK_MODES:
+                problem(
+                    here,
+                    f"VERIFY_CHECKS[{key!r}] checks an unknown quantity {quantity!r}",
+                    f"use only {', '.join(VERIFY_CHECK_MODES)} as keys",
+                )
+                valid = False
+                continue
+            allowed = VERIFY_CHECK_MODES[quantity]
+            if mode not in allowed:
+                problem(
+                    here,
+                    f"VERIFY_CHECKS[{key!r}][{quantity!r}] is {mode!r}, not a mode of {quantity}",
+                    f"use one of the {quantity} modes: {', '.join(allowed)} (docs/environments.md)",
+                )
+                valid = False
+        if valid:
+            checks[key] = dict(value)
+    return checks
 
 
 def read_clusters(table: Any, line: int, problem: Report) -> list[str] | None:

@@ -48,6 +48,7 @@ class AddResult:
         return self.record is None or self.record.get("state") == "verified"
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``add --json`` document (docs/checkpoints.md)."""
         verification = self.verification
         return {
             "checkpoint": self.checkpoint,
@@ -60,6 +61,7 @@ class AddResult:
             "seconds": verification.seconds if verification else None,
             "message": (self.record or {}).get("message"),
             "fingerprint": verification.fingerprint if verification else None,
+            "checks": verification.checks if verification else None,
             "kwargs": verification.kwargs if verification else None,
         }
 

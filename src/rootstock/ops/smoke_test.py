@@ -32,12 +32,15 @@ class SmokeResult:
     state: str
     seconds: float
     message: str | None = None
+    # The physics checks of this verification (docs/manifest.md), None if none ran.
+    checks: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
         return self.state == "verified"
 
     def to_dict(self) -> dict[str, Any]:
+        """One entry of ``smoke-test --json``'s ``results``."""
         return {
             "env": self.env,
             "checkpoint": self.checkpoint,
@@ -45,6 +48,7 @@ class SmokeResult:
             "state": self.state,
             "seconds": round(self.seconds, 3),
             "message": self.message,
+            "checks": self.checks,
         }
 
 
@@ -138,6 +142,7 @@ def smoke_test(
             record["state"],
             outcome.seconds,
             record.get("message"),
+            outcome.checks,
         )
         with report_lock:
             report.results.append(result)

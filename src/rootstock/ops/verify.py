@@ -1,10 +1,12 @@
-"""Verification: one forward pass of a checkpoint on a small reference structure.
+"""Verification: a forward pass of a checkpoint on a small reference structure.
 
 The pass runs in a real worker, offline (``HF_HUB_OFFLINE=1``), on the requested
 device. It checks that energy, forces and stress are finite and correctly shaped,
-and returns a *fingerprint* (energy per atom, force norm, stress) that later
-re-verifications are compared with, so a rebuild that silently changes the
-physics shows up as *drifted*.
+then, in the same worker session, that forces and stress agree with the energy
+(:mod:`rootstock.ops.consistency`: about ten more energy calls), so a unit or sign
+error fails the first ``add``. A pass returns a *fingerprint* (energy per atom,
+force norm, stress) that later re-verifications are compared with, so a rebuild
+that silently changes the physics shows up as *drifted*.
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ class VerifyOutcome:
     fingerprint: dict[str, Any] | None = None
     message: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # The physics checks (ConsistencyReport.to_dict() plus "seconds"); None when the
+    # forward pass itself failed, so nothing could be checked.
+    checks: dict[str, Any] | None = None
 
     def record(self, build: dict[str, Any]) -> dict[str, Any]:
         """The ``result`` dict that :func:`manifest.record_verification` takes."""
@@ -87,6 +92,8 @@ class VerifyOutcome:
             result["fingerprint"] = self.fingerprint
         if self.message:
             result["message"] = self.message
+        if self.checks is not None:
+            result["checks"] = self.checks
         return result
 
 
@@ -100,10 +107,14 @@ def run_verification(
     timeout: float = DEFAULT_VERIFY_TIMEOUT,
     versions: dict[str, Any] | None = None,
 ) -> VerifyOutcome:
-    """Spawn a worker for ``checkpoint`` and check one forward pass.
+    """Spawn a worker for ``checkpoint``, check a forward pass and its physics.
 
     ``kwargs`` None means: use the env's ``VERIFY_KWARGS`` entry (explicit kwargs
-    always win). Model errors become a failed outcome, never an exception.
+    always win). Model errors become a failed outcome, never an exception. A
+    forward pass that is finite and well shaped is then checked for consistency
+    (forces and stress against the energy, judged as the env's ``VERIFY_CHECKS``
+    entry says) in the same worker; a failed check fails the outcome, and its
+    fingerprint is kept on the outcome but never becomes a reference.
     """
     import numpy as np
 
@@ -117,6 +128,7 @@ def run_verification(
     spec = WorkerSpec(
         layout=layout, checkpoint=checkpoint, env_name=env.name, device=device, setup_kwargs=used
     )
+    problems: list[str] = []
     try:
         with entry_point("verify"), RootstockCalculator.from_spec(spec, timeout=timeout) as calc:
             atoms.calc = calc
@@ -124,17 +136,20 @@ def run_verification(
             forces = np.asarray(atoms.get_forces(), dtype=float)
             periodic = bool(atoms.pbc.all())
             stress = np.asarray(atoms.get_stress(), dtype=float) if periodic else None
+            problems = _check_result(energy, forces, stress, len(atoms))
+            if not problems:
+                outcome.checks, problem = _check_physics(atoms, calc, env, checkpoint, device)
+                if problem:
+                    problems.append(problem)
     except RootstockError as exc:
         outcome.seconds = time.monotonic() - start
         outcome.message = _failure_message(exc, env, checkpoint, kwargs)
         return outcome
     outcome.seconds = time.monotonic() - start
-    problems = _check_result(energy, forces, stress, len(atoms))
-    if problems:
+    if problems and outcome.checks is None:
         outcome.message = "; ".join(problems)
         return outcome
     versions = versions or {}
-    outcome.passed = True
     outcome.fingerprint = {
         "energy_per_atom": energy / len(atoms),
         "force_norm": float(np.linalg.norm(forces)),
@@ -144,7 +159,52 @@ def run_verification(
         "torch": versions.get("torch"),
         "env_versions": {k: v for k, v in versions.items() if v},
     }
+    outcome.passed = not problems
+    outcome.message = "; ".join(problems) or None
     return outcome
+
+
+def _check_physics(
+    atoms, calc, env: EnvFile, checkpoint: str, device: str
+) -> tuple[dict[str, Any] | None, str | None]:
+    """Run the consistency check on the live calculator: ``(checks, problem)``.
+
+    ``checks`` is None when the check could not run (the worker failed on a
+    displaced structure); ``problem`` is the one-line failure, or None.
+    """
+    from rootstock.ops.consistency import GRADIENT, check_consistency
+
+    modes = env.verify_checks.get(checkpoint, {})
+    started = time.monotonic()
+    try:
+        report = check_consistency(
+            atoms,
+            calc,
+            dtype=getattr(calc, "model_dtype", None),
+            device=device,
+            modes=modes,
+        )
+    except RootstockError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = lines[0] if lines else type(exc).__name__
+        return None, f"the physics check (forces and stress against the energy) failed: {reason}"
+    checks = report.to_dict()
+    checks["seconds"] = round(time.monotonic() - started, 3)
+    if report.ok:
+        return checks, None
+    message = report.message or "forces or stress disagree with the energy"
+    plain = [
+        name
+        for name, check in report.checks.items()
+        if not check.ok and check.mode == GRADIENT and check.ratio and check.ratio > 0
+        and check.message and ": a unit error" not in check.message
+    ]  # fmt: skip
+    if plain:
+        message += (
+            f" (if {checkpoint} predicts {' and '.join(plain)} directly, declare it in "
+            f"VERIFY_CHECKS in environments/{env.name}.py)"
+        )
+    return checks, message
 
 
 def _check_result(energy, forces, stress, natoms: int) -> list[str]:

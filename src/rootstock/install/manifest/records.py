@@ -103,7 +103,9 @@ def record_verification(
     ``result`` keys: ``passed`` (bool, required); ``device`` (default ``"cpu"``);
     ``device_kind`` (default derived from ``device``); ``fingerprint`` (required
     when passed); ``message`` (why it failed; kept to one line); ``at`` (default
-    now); ``build`` (the env's ``build_id``/``source_hash``/``built_at``/``lock_hash``
+    now); ``checks`` (the physics checks of :mod:`rootstock.ops.consistency`, stored
+    as given; a failed check arrives as ``passed=False``); ``build`` (the env's
+    ``build_id``/``source_hash``/``built_at``/``lock_hash``
     as the worker ran it, captured before it started: ``source_hash`` from the live
     ``env_source.py``; missing fields default to the env's recorded build). A
     ``build.source_hash`` also refreshes the env's recorded ``source_hash`` (unless
@@ -124,6 +126,9 @@ def record_verification(
     kind = str(result.get("device_kind") or device_kind(device))
     at = result.get("at") or utc_now()
     message = one_line(result.get("message"))
+    checks = result.get("checks")
+    if checks is not None and not isinstance(checks, dict):
+        raise ValueError("result['checks'] must be a dict or None")
     build_given = dict(result.get("build") or {})
     cluster_name = normalize_cluster(cluster)
 
@@ -157,6 +162,8 @@ def record_verification(
             "fingerprint": fingerprint if passed else None,
             "reference": reference,
             "drift": drift,
+            # None when nothing could be checked; records from before checks lack it.
+            "checks": copy.deepcopy(checks),
             "build": build,
         }
         by_kind[kind] = record

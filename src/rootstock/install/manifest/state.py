@@ -33,7 +33,8 @@ class CheckpointState:
 
     ``recorded_state`` is the stored verification state under a ``stale`` (or the
     state itself otherwise); ``message`` is the failure reason, the drift summary,
-    or why the record is stale.
+    or why the record is stale; ``checks`` is the record's physics checks (forces
+    and stress against the energy), None for a record from before they existed.
     """
 
     state: str
@@ -45,11 +46,13 @@ class CheckpointState:
     fetched_at: str | None = None
     message: str | None = None
     recorded_state: str | None = None
+    checks: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the shape ``status --json`` uses per cell)."""
-        # Every field is a scalar, so a shallow copy is enough; asdict() deep-copies
-        # and costs a third of `status` on a large install.
+        # A shallow copy is enough (``checks`` is the reader's own manifest data, which
+        # it only serialises); asdict() deep-copies and costs a third of `status` on a
+        # large install.
         return dict(self.__dict__)
 
 
@@ -89,6 +92,7 @@ def checkpoint_state(
         "age_s": _age_seconds(at, now),
         "fetched_at": fetched_at,
         "recorded_state": recorded,
+        "checks": record.get("checks") if isinstance(record.get("checks"), dict) else None,
     }
     if stale_reason:
         return CheckpointState("stale", message=stale_reason, **base)

@@ -1,0 +1,23 @@
+"""Malformed on purpose: VERIFY_CHECKS checks a quantity that does not exist."""
+
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["ase>=3.23", "numpy"]
+# ///
+
+CHECKPOINTS = {
+    "toy-1": "toy",
+}
+
+VERIFY_CHECKS = {
+    "toy-1": {
+        "stress": "direct",
+        "force": "direct",
+    },
+}
+
+
+def setup(checkpoint, device="cuda", **kw):
+    from ase.calculators.emt import EMT
+
+    return EMT()
