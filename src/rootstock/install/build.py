@@ -42,6 +42,8 @@ _VERSIONS_PROBE = (
     "print(json.dumps({'python': '%d.%d.%d' % sys.version_info[:3], 'torch': v('torch'),"
     " 'ase': v('ase'), 'numpy': v('numpy'), 'rootstock': v('rootstock')}))\n"
 )
+# uv will not combine these with a pylock.toml; the lock already holds the constraints.
+_REFUSED_WITH_PYLOCK = ("UV_CONSTRAINT", "UV_OVERRIDE")
 
 
 @dataclass
@@ -112,6 +114,28 @@ def render_build_script(env: EnvFile, constraints: list[str], find_links: list[s
     return env.source[: match.start()] + block + env.source[match.end() :]
 
 
+def render_unlocked_project(env: EnvFile) -> str:
+    """A ``pyproject.toml`` that installs ``env``'s dependencies when it cannot be locked.
+
+    ``uv pip install -r script.py`` reads a script's dependencies but not its
+    ``[tool.uv]`` sources and indexes, which it does read from a ``pyproject.toml``;
+    so this project carries both, and a package pinned to an explicit index still
+    comes from there.
+    """
+    tool_uv = env.script_metadata.get("tool", {}).get("uv", {})
+    meta: dict = {
+        "project": {
+            "name": "rootstock-env-dependencies",
+            "version": "0",
+            "dependencies": list(env.dependencies),
+        }
+    }
+    routing = {key: tool_uv[key] for key in ("sources", "index") if key in tool_uv}
+    if routing:
+        meta["tool"] = {"uv": routing}
+    return _dump_toml(meta) + "\n"
+
+
 def _dump_toml(meta: dict) -> str:
     plain = {k: v for k, v in meta.items() if not isinstance(v, dict)}
     lines = [f"{k} = {_toml_value(v)}" for k, v in plain.items()]
@@ -180,7 +204,6 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
 
     step("resolving dependencies" + (" (upgrade)" if options.upgrade else ""))
     lock_text: str | None = None
-    requirements = work / "requirements.txt"
     try:
         run_uv(
             layout,
@@ -188,6 +211,10 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
             what=f"locking {env.name}",
             verbose=options.verbose,
         )
+        # A requirements.txt export keeps names and versions only, so a package the
+        # script routes to an explicit index would be looked up on the default index;
+        # pylock.toml records each package's index and file URL. uv insists on the name.
+        pylock = work / "pylock.toml"
         run_uv(
             layout,
             [
@@ -195,27 +222,32 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
                 "--script",
                 script,
                 "--frozen",
-                "--no-hashes",
-                "--no-header",
-                "--no-annotate",
+                "--format",
+                "pylock.toml",
                 *py,
                 "-o",
-                requirements,
+                pylock,
             ],
             what=f"exporting the lock of {env.name}",
             verbose=options.verbose,
         )
         lock_text = lock_path.read_text()
-        install_args = ["--no-deps", "-r", requirements]
+        install_args = ["--no-deps", "-r", pylock]
+        # uv refuses constraints or overrides next to a pylock.toml; the constraints
+        # are already in the lock (see collect_constraints).
+        unset_env = _REFUSED_WITH_PYLOCK
     except BuildError as exc:
         warnings.append(
             f"warning: {env.name} could not be locked ({exc.message}); building "
             "without a lockfile, so rebuilds may resolve differently"
         )
-        requirements.write_text("\n".join(env.dependencies) + "\n")
+        project = work / "unlocked" / "pyproject.toml"
+        project.parent.mkdir()
+        project.write_text(render_unlocked_project(env))
         constraint_file = work / "constraints.txt"
         constraint_file.write_text("\n".join(constraints) + "\n")
-        install_args = ["-r", requirements, "-c", constraint_file]
+        install_args = ["-r", project, "-c", constraint_file]
+        unset_env = ()
 
     step(f"creating the venv on Python {interpreter.version}")
     run_uv(
@@ -225,21 +257,23 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
         verbose=options.verbose,
     )
     wheel = vendor_wheel(layout.wheels_dir)
+    env_python = ["--python", staging / "bin" / "python"]
     step("installing packages and compiling bytecode")
+    # uv takes no other requirement next to a pylock.toml, so the vendored wheel
+    # goes in first on its own; the second call's --compile-bytecode compiles the
+    # whole site-packages, rootstock included.
     run_uv(
         layout,
-        [
-            "pip",
-            "install",
-            "--python",
-            staging / "bin" / "python",
-            "--compile-bytecode",
-            *find_links,
-            *install_args,
-            wheel,
-        ],
+        ["pip", "install", *env_python, "--no-deps", wheel],
+        what=f"installing rootstock into {env.name}",
+        verbose=options.verbose,
+    )
+    run_uv(
+        layout,
+        ["pip", "install", *env_python, "--compile-bytecode", *find_links, *install_args],
         what=f"installing {env.name}'s packages",
         verbose=options.verbose,
+        unset_env=unset_env,
     )
 
     step("checking the env")

@@ -77,17 +77,21 @@ def run_uv(
     verbose: bool = False,
     timeout: float | None = None,
     extra_env: dict[str, str] | None = None,
+    unset_env: Sequence[str] = (),
     cwd: Path | None = None,
 ) -> str:
     """Run ``uv ARGS``; return its combined output, or raise :class:`BuildError`.
 
     With ``verbose`` the output streams to the terminal as it happens (and is not
-    returned); otherwise it is captured and shown only if uv fails.
+    returned); otherwise it is captured and shown only if uv fails. ``unset_env``
+    names variables of the caller's environment that this one call must not see.
     """
     cmd = [uv_binary(), *map(str, args)]
     env = uv_environment(layout)
     if extra_env:
         env.update(extra_env)
+    for key in unset_env:
+        env.pop(key, None)
     log.debug("running %s", " ".join(cmd))
     try:
         proc = subprocess.run(
