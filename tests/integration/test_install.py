@@ -303,6 +303,7 @@ def test_status_json_shape(emt_root: Path):
                     "fetched_at": None,
                     "message": None,
                     "recorded_state": None,
+                    "checks": None,
                 }
             },
         }
