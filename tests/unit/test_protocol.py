@@ -88,6 +88,37 @@ def test_forceready_round_trip():
     assert reply.extra_json() == {"free_energy": -12.0}
 
 
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("magmoms", (4,)),
+        ("magmoms", (4, 3)),
+        ("charges", (4,)),
+        ("energies", (4,)),
+        ("dipole", (3,)),
+    ],
+)
+def test_extras_of_the_shapes_ase_expects_are_float64_arrays(name, shape):
+    value = np.arange(np.prod(shape), dtype=np.float32).reshape(shape).tolist()
+    array = p.extra_array(name, value, natoms=4)
+    assert array.shape == shape and array.dtype == np.float64
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("magmoms", [[0.0, 1.0]] * 4, r"shape \(4, 2\), expected \(4,\) or \(4, 3\)"),
+        ("charges", [0.0] * 3, r"shape \(3,\), expected \(4,\) for 4 atoms"),
+        ("dipole", [0.0] * 4, r"'dipole' has shape \(4,\), expected \(3,\)"),
+        ("energies", ["a", "b", "c", "d"], "not numeric"),
+        ("energies", 1.0, r"shape \(\)"),
+    ],
+)
+def test_malformed_extras_name_the_property_and_the_shapes(name, value, message):
+    with pytest.raises(ValueError, match=message):
+        p.extra_array(name, value, natoms=4)
+
+
 def test_forceready_with_wrong_atom_count_is_a_protocol_error():
     data = p.encode_forceready(0.0, np.zeros((3, 3)), np.zeros((3, 3)))
     with pytest.raises(ProtocolError, match="3 atoms but 4"):

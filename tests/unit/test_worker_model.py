@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -10,7 +12,8 @@ from ase.build import bulk, molecule
 from ase.calculators.calculator import BaseCalculator, Calculator, all_changes
 from ase.calculators.emt import EMT
 
-from rootstock.worker.model import ModelRunner, load_env_source, make_calculator
+from rootstock.worker.dtype import detect_model_dtype, find_module
+from rootstock.worker.model import ModelRunner, WeightsNotLoaded, load_env_source, make_calculator
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -170,3 +173,114 @@ def test_positions_without_species_explain_the_structure_flag():
     runner = ModelRunner(EMT())
     with pytest.raises(RuntimeError, match="--structure"):
         runner.compute(np.eye(3), np.zeros((1, 3)))
+
+
+# --- extras, the model report and the dtype -------------------------------------------
+
+
+def extra_json(runner, atoms):
+    extra = runner.compute(atoms.cell.array, atoms.positions)[3]
+    return json.loads(extra) if extra else None
+
+
+def test_the_model_report_comes_once_and_extras_only_when_asked():
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True) * (2, 2, 1)
+    atoms.rattle(0.05, seed=2)
+    runner = ModelRunner(EMT())
+    runner.configure(config_for(atoms))
+    # EMT advertises magmoms but fills only energies: the report follows the results.
+    assert extra_json(runner, atoms) == {"model": {"dtype": "float64", "extras": ["energies"]}}
+    assert extra_json(runner, atoms) is None  # nothing to say: empty extra bytes
+    runner.configure(config_for(atoms, extras=["energies", "magmoms", "unknown"]))
+    ref = atoms.copy()
+    ref.calc = EMT()
+    doc = extra_json(runner, atoms)
+    assert set(doc) == {"energies"}
+    np.testing.assert_allclose(doc["energies"], ref.get_potential_energies(), rtol=0, atol=1e-12)
+
+
+def test_standard_servers_get_no_model_report():
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+    runner = ModelRunner(EMT())
+    runner.use_template(atoms)
+    assert runner.compute(atoms.cell.array, atoms.positions)[3] == b""
+
+
+class WrongShapeMagmoms(EMT):
+    def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes):
+        super().calculate(atoms, properties, system_changes)
+        self.results["magmoms"] = np.zeros(len(self.atoms) + 1)
+
+
+def test_a_malformed_extra_names_the_property_and_the_shapes():
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
+    runner = ModelRunner(WrongShapeMagmoms())
+    runner.configure(config_for(atoms, extras=["magmoms"]))
+    with pytest.raises(
+        ValueError, match=r"'magmoms' has shape \(5,\), expected \(4,\) or \(4, 3\)"
+    ):
+        runner.compute(atoms.cell.array, atoms.positions)
+
+
+@pytest.mark.skipif("torch" in sys.modules, reason="torch is loaded in this process")
+def test_a_model_without_torch_runs_in_float64():
+    assert detect_model_dtype(EMT()) == "float64"
+
+
+class Network:
+    """Stands for torch.nn.Module: find_module only tests ``isinstance``."""
+
+
+class Holder:
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+
+class PredictorProperty:
+    """A calculator that exposes its predictor through a property, not __dict__."""
+
+    def __init__(self, network):
+        self._hidden = Holder(model=network)
+
+    @property
+    def predictor(self):
+        return self._hidden
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda net: Holder(model=net),
+        lambda net: Holder(models=[net, Network()]),
+        lambda net: Holder(predictor=Holder(model=net)),
+        lambda net: Holder(potential={"main": net}),
+        lambda net: PredictorProperty(net),
+    ],
+    ids=["model", "models[0]", "predictor.model", "potential[key]", "property"],
+)
+def test_the_network_is_found_one_or_two_levels_down(make):
+    network = Network()
+    assert find_module(make(network), Network) is network
+
+
+def test_the_network_search_stops_two_levels_down():
+    deep = Holder(a=Holder(b=Holder(c=Network())))
+    assert find_module(deep, Network) is None
+    assert find_module(Holder(x=1, y="s", z=np.zeros(3), w=None), Network) is None
+
+
+def test_weights_that_setup_from_path_cannot_load_name_the_path(tmp_path):
+    path = tmp_path / "env_source.py"
+    path.write_text(
+        'CHECKPOINTS = {"m:custom": None}\n'
+        "def setup_from_path(path, device='cuda', **kw):\n"
+        "    raise KeyError('no state_dict in the file')\n"
+    )
+    weights = tmp_path / "w.pt"
+    weights.write_text("junk")
+    with pytest.raises(WeightsNotLoaded) as caught:
+        make_calculator(load_env_source(path), "m:custom", "cpu", {}, weights=str(weights))
+    message = str(caught.value)
+    assert f"weights file {weights}" in message
+    assert "KeyError" in message and "no state_dict" in message
+    assert isinstance(caught.value.__cause__, KeyError)

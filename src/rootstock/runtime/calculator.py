@@ -3,6 +3,10 @@
 The checkpoint is resolved (and the arguments validated) when the calculator is
 made; the worker starts on the first calculation and stays warm until
 :meth:`RootstockCalculator.close` or the end of the ``with`` block.
+
+What a model computes beyond energy, forces and stress (``magmoms``, ``charges``,
+``energies``, ``dipole``) and the dtype it runs in are learned from the worker's
+first reply, so ``implemented_properties`` is per instance.
 """
 
 from __future__ import annotations
@@ -10,18 +14,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
-from rootstock.errors import UsageError
+from rootstock.errors import ProtocolError, UsageError, WorkerError
+from rootstock.runtime.protocol import EXTRA_PROPERTIES, ForceReply, extra_array
 from rootstock.runtime.session import WorkerSession
 from rootstock.runtime.spec import WorkerSpec, resolve_worker_spec
 
 log = logging.getLogger("rootstock.calculator")
 
 DEFAULT_TIMEOUT = 1800.0
+# What every instance computes; the model's extras are added once the worker says.
+BASE_PROPERTIES = ("energy", "free_energy", "forces", "stress")
+_BASE_SET = frozenset(BASE_PROPERTIES)
 
 
 def _json_default(value: Any) -> Any:
@@ -81,10 +89,20 @@ class RootstockCalculator(Calculator):
         Seconds to wait for the worker at each step: start-up (including loading
         the model) or one calculation. ``None`` waits as long as the worker lives.
     weights:
-        Your own weights file, only with a ``<family>:custom`` checkpoint id.
+        Your own weights file or directory, only with a ``<family>:custom`` id.
+
+    Attributes
+    ----------
+    implemented_properties:
+        Energy, free energy, forces and stress, plus the extras this model fills
+        (``magmoms``, ``charges``, ``energies``, ``dipole``) once a calculation has
+        run; asking for an extra first starts the worker to find out.
+    model_dtype:
+        The dtype the model computes in (``"float32"``, ``"float64"``, ...), or
+        None before the first calculation.
     """
 
-    implemented_properties: ClassVar[list[str]] = ["energy", "free_energy", "forces", "stress"]
+    implemented_properties: tuple[str, ...] = BASE_PROPERTIES
     name = "rootstock"
 
     def __init__(
@@ -138,6 +156,11 @@ class RootstockCalculator(Calculator):
         # Once stress was asked for, keep computing it (3-D periodic cells only), so a
         # cell filter's get_forces() + get_stress() pair costs one round trip.
         self._stress_requested = False
+        # Extras are sticky the same way; their values travel only once asked for.
+        self._extras_requested: tuple[str, ...] = ()
+        self._model_extras: tuple[str, ...] | None = None  # None: no reply yet
+        self.implemented_properties = BASE_PROPERTIES
+        self.model_dtype: str | None = None
 
     # --- worker lifecycle -------------------------------------------------------------
 
@@ -174,6 +197,34 @@ class RootstockCalculator(Calculator):
 
     # --- ASE interface ----------------------------------------------------------------
 
+    def get_property(self, name: str, atoms: Any = None, allow_calculation: bool = True) -> Any:
+        """ASE's get_property, except that an extra the model may fill is not refused
+        before this instance knows what its model computes."""
+        if (
+            name in EXTRA_PROPERTIES
+            and self._model_extras is None
+            and allow_calculation
+            and (atoms is not None or self.atoms is not None)
+        ):
+            # ASE checks implemented_properties before calculating, and only the
+            # worker knows the extras: one calculation (asking for this one too)
+            # settles it, and the call below then finds the value in the results.
+            previous = self._extras_requested
+            self._request_extras((name,))
+            try:
+                super().get_property("energy", atoms, allow_calculation)
+            except WorkerError:
+                self._extras_requested = previous
+                raise
+        return super().get_property(name, atoms, allow_calculation)
+
+    def _request_extras(self, names: Any) -> None:
+        wanted = set(self._extras_requested)
+        wanted.update(n for n in names if n in EXTRA_PROPERTIES)
+        if self._model_extras is not None:
+            wanted &= set(self._model_extras)
+        self._extras_requested = tuple(n for n in EXTRA_PROPERTIES if n in wanted)
+
     def check_state(self, atoms: Any, tol: float = 1e-15) -> list[str]:
         """ASE's checks plus ``info``: a change of atoms.info alone recalculates."""
         changes = list(super().check_state(atoms, tol))
@@ -187,7 +238,11 @@ class RootstockCalculator(Calculator):
         properties: list[str] | tuple[str, ...] = ("energy",),
         system_changes: list[str] = all_changes,
     ) -> None:
-        """Send the structure to the worker and store energy, forces (and stress)."""
+        """Send the structure to the worker; store energy, forces, stress and extras.
+
+        Stress (3-D periodic cells) and extras (``magmoms``, ...) are computed from
+        the first time they are asked for onwards.
+        """
         super().calculate(atoms, properties, system_changes)
         atoms = self.atoms
         periodic = is_3d_periodic(atoms)
@@ -198,8 +253,16 @@ class RootstockCalculator(Calculator):
                 )
             self._stress_requested = True
         want_stress = periodic and self._stress_requested
+        requested = self._extras_requested
+        if not _BASE_SET.issuperset(properties):
+            self._request_extras(properties)
         text = info_json(atoms.info)
-        reply = self._worker().compute(atoms, text, want_stress)
+        try:
+            reply = self._worker().compute(atoms, text, want_stress, self._extras_requested)
+        except WorkerError:
+            # An extra that made the model (or its check) fail is not asked for again.
+            self._extras_requested = requested
+            raise
         self._info_json = text
         energy = float(reply.energy)
         results: dict[str, Any] = {
@@ -208,9 +271,13 @@ class RootstockCalculator(Calculator):
             "forces": reply.forces,
         }
         if reply.extra:
-            extra = reply.extra_json()
-            if "free_energy" in extra:
-                results["free_energy"] = float(extra["free_energy"])
+            try:
+                self._read_extra(reply, results)
+            except ProtocolError:
+                self.close()  # a worker that sends garbage is not trusted further
+                raise
+        if self._model_extras is None:
+            self._learn_model(None)  # a worker too old to report its model
         if want_stress:
             sigma = -reply.virial / atoms.cell.volume
             results["stress"] = np.array(
@@ -224,3 +291,35 @@ class RootstockCalculator(Calculator):
                 ]
             )
         self.results = results
+
+    def _read_extra(self, reply: ForceReply, results: dict[str, Any]) -> None:
+        """Free energy, the model report and extras' values from the FORCEREADY extra JSON."""
+        extra = reply.extra_json()
+        if "free_energy" in extra:
+            results["free_energy"] = float(extra["free_energy"])
+        if "model" in extra:
+            self._learn_model(extra["model"])
+        natoms = len(reply.forces)
+        for name in EXTRA_PROPERTIES:
+            if name in extra:
+                try:
+                    results[name] = extra_array(name, extra[name], natoms)
+                except ValueError as exc:
+                    raise ProtocolError(f"the worker sent a malformed extra: {exc}") from None
+
+    def _learn_model(self, report: Any) -> None:
+        """Take the worker's model report: its dtype and the extras it fills."""
+        if report is None:
+            self._model_extras = ()
+            return
+        if not isinstance(report, dict):
+            raise ProtocolError(f"the worker's model report is not a JSON object: {report!r}")
+        extras = report.get("extras") or []
+        dtype = report.get("dtype")
+        if not isinstance(extras, list) or not (dtype is None or isinstance(dtype, str)):
+            raise ProtocolError(f"malformed model report from the worker: {report!r}")
+        # Names this client does not know (a newer worker) are left out.
+        self._model_extras = tuple(n for n in EXTRA_PROPERTIES if n in extras)
+        self.implemented_properties = BASE_PROPERTIES + self._model_extras
+        self.model_dtype = dtype
+        self._request_extras(())

@@ -20,7 +20,10 @@ Rootstock's dialect (see docs/protocol.md) adds two things and changes no frame:
   only when it changes and always in the same write as the next ``POSDATA``;
 * the worker may answer ``GETFORCE`` with ``ERROR`` (int32 length + a JSON object
   with ``type``, ``message``, ``traceback`` and ``phase``) instead of
-  ``FORCEREADY``. Standard i-PI servers never see ``ERROR``.
+  ``FORCEREADY``. Standard i-PI servers never see ``ERROR``;
+* the ``FORCEREADY`` extra bytes are a JSON object (or empty) that may carry
+  ``free_energy``, the model's dtype and the extras it fills (``model``), and
+  the values of the extras the client asked for in ``INIT`` (``extras``).
 
 This module needs only the standard library and numpy: the worker imports it
 inside every model env.
@@ -76,6 +79,10 @@ _WORDS = {
     h: h.rstrip().decode("ascii")
     for h in (STATUS, READY, HAVEDATA, NEEDINIT, INIT, POSDATA, GETFORCE, FORCEREADY, EXIT, ERROR)
 }
+# What a model may compute beyond energy, forces and stress, under ASE's names; the
+# client asks for them in INIT and they come back in the FORCEREADY extra JSON.
+EXTRA_PROPERTIES = ("magmoms", "charges", "energies", "dipole")
+
 _INT32 = struct.Struct("=i")
 _F64_INT32 = struct.Struct("=di")
 _INIT_HEAD = struct.Struct("=ii")
@@ -144,6 +151,31 @@ class ErrorReply:
     traceback: str
     phase: str
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def extra_array(name: str, value: Any, natoms: int) -> np.ndarray:
+    """``value`` as a float64 array of the shape ASE expects for extra ``name``.
+
+    Per-atom arrays (``charges``, ``energies``) are ``(natoms,)``; ``magmoms`` is
+    ``(natoms,)`` (collinear) or ``(natoms, 3)``; ``dipole`` is ``(3,)``. Anything
+    else raises ValueError naming the property and both shapes.
+    """
+    try:
+        array = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the model's {name!r} is not numeric ({exc})") from None
+    if name == "dipole":
+        allowed: tuple[tuple[int, ...], ...] = ((3,),)
+    elif name == "magmoms":
+        allowed = ((natoms,), (natoms, 3))
+    else:
+        allowed = ((natoms,),)
+    if array.shape not in allowed:
+        expected = " or ".join(str(shape) for shape in allowed)
+        raise ValueError(
+            f"the model's {name!r} has shape {array.shape}, expected {expected} for {natoms} atoms"
+        )
+    return array
 
 
 def _loads(data: bytes, what: str) -> Any:

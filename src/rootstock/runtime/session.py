@@ -148,8 +148,14 @@ class WorkerSession:
             output_tail=tail,
         )
 
-    def compute(self, atoms: Any, info_json: str, want_stress: bool) -> ForceReply:
-        """One calculation: a single write, a single reply. Raises WorkerError subclasses."""
+    def compute(
+        self, atoms: Any, info_json: str, want_stress: bool, extras: tuple[str, ...] = ()
+    ) -> ForceReply:
+        """One calculation: a single write, a single reply. Raises WorkerError subclasses.
+
+        ``extras`` names the ASE extras (``magmoms``, ...) whose values the reply
+        should carry; the system is re-sent when they change, as for ``want_stress``.
+        """
         if self.stream is None:
             raise ProtocolError("the worker session is closed")
         numbers = atoms.arrays["numbers"]
@@ -160,6 +166,7 @@ class WorkerSession:
             info_json,
             want_stress,
             tuple((n, a.tobytes()) for n, a in arrays),
+            extras,
         )
         parts: list[Any] = []
         if key != self._sent_key:
@@ -170,6 +177,8 @@ class WorkerSession:
                 "stress": want_stress,
                 "arrays": {n: np.asarray(a).tolist() for n, a in arrays},
             }
+            if extras:
+                config["extras"] = list(extras)
             parts.append(encode_init(config))
         parts.extend(self._posdata.parts(atoms.cell.array, atoms.arrays["positions"]))
         parts.append(GETFORCE)
@@ -200,13 +209,24 @@ class WorkerSession:
                 f"{self.spec.checkpoint!r} (env {self.spec.env_name}) raised "
                 f"{reply.type} in {where}: {reply.message}",
                 remote_traceback=reply.traceback,
-                hint="the worker's traceback is below; a fix in setup() belongs in "
-                f"envs/{self.spec.env_name}/env_source.py"
-                if reply.phase == "setup"
-                else None,
+                hint=self._error_hint(reply),
             )
         self.usage.force_calls += 1
         return reply
+
+    def _error_hint(self, reply: ErrorReply) -> str | None:
+        if reply.phase != "setup":
+            return None
+        if reply.type == "WeightsNotLoaded":
+            return (
+                f"check that {self.spec.weights} holds weights this family can load "
+                "(same code version, and any keyword it needs in setup_kwargs); the "
+                "family's own traceback is below"
+            )
+        return (
+            "the worker's traceback is below; a fix in setup() belongs in "
+            f"envs/{self.spec.env_name}/env_source.py"
+        )
 
     def close(self, graceful: bool = True) -> None:
         """Ask the worker to exit (EXIT), then stop its process group and clean up."""

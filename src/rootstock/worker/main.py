@@ -179,7 +179,7 @@ def _serve(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
     except Exception:
         log.exception("setup failed")
         return EXIT_MODEL_ERROR
-    log.info("model ready (%s on %s)", args.checkpoint, args.device)
+    log.info("model ready (%s on %s, %s)", args.checkpoint, args.device, runner.model_dtype)
     timeout = 600.0 if args.connect_timeout is None else args.connect_timeout
     stream = FrameStream(connect(args.socket, timeout), peer="server")
     loop = ServeLoop(stream, runner, inband_errors=False, body_timeout=args.body_timeout)

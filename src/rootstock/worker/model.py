@@ -3,6 +3,11 @@
 ``env_source.py`` is compiled from source at every spawn (never from a cached
 ``.pyc``), so an in-place hotfix takes effect at the next spawn even when the
 edit kept the file's size and modification second.
+
+Besides energy, forces and the virial, a calculation reports (in the FORCEREADY
+extra JSON, rootstock clients only) the model's dtype and the ASE extras it fills
+(``magmoms``, ``charges``, ``energies``, ``dipole``), and the values of the extras
+the client asked for; see docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -18,10 +23,17 @@ from typing import Any
 
 import numpy as np
 
+from rootstock.runtime.protocol import EXTRA_PROPERTIES, extra_array
+from rootstock.worker.dtype import detect_model_dtype
+
 log = logging.getLogger("rootstock.worker")
 
 ENV_MODULE_NAME = "rootstock_env_source"
 ARRAYS_FORWARDED = ("initial_magmoms", "initial_charges")
+
+
+class WeightsNotLoaded(Exception):
+    """``setup_from_path()`` raised on the user's weights; the message names the path."""
 
 
 class _FreshSourceLoader(importlib.machinery.SourceFileLoader):
@@ -61,7 +73,15 @@ def make_calculator(
                 f"{module.__file__} has no setup_from_path(path, device, **kw), "
                 f"so it cannot load user weights for {checkpoint!r}"
             )
-        calc = hook(weights, device=device, **kwargs)
+        try:
+            calc = hook(weights, device=device, **kwargs)
+        except Exception as exc:
+            kind = "directory" if Path(weights).is_dir() else "file"
+            # Chained, so the worker's traceback still shows where the family failed.
+            raise WeightsNotLoaded(
+                f"could not load the weights {kind} {weights} for {checkpoint!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
     else:
         calc = module.setup(checkpoint, device=device, **kwargs)
     if calc is None or not hasattr(calc, "get_potential_energy"):
@@ -93,6 +113,17 @@ class ModelRunner:
         self._direct = _is_plain_ase_calculator(calc)
         self._fresh = True
         self._last_cell: bytes | None = None
+        self.model_dtype = detect_model_dtype(calc)
+        # Rootstock clients (a JSON INIT) get the model report and extras; standard
+        # i-PI servers get the bare frames.
+        self.dialect = False
+        self.extras_wanted: tuple[str, ...] = ()
+        advertised = getattr(calc, "implemented_properties", ()) or ()
+        self._advertised = tuple(n for n in EXTRA_PROPERTIES if n in advertised)
+        # Until the first calculation succeeds, ask for every advertised extra once,
+        # so that a model filling one only on request shows it in its results.
+        self._probe = self._advertised
+        self._reported: frozenset[str] | None = None
 
     @property
     def ready(self) -> bool:
@@ -114,6 +145,11 @@ class ModelRunner:
         self._attach(atoms)
         self.want_stress = bool(config.get("stress"))
         self.lenient_stress = False
+        self.dialect = True
+        wanted = config.get("extras") or []
+        if not isinstance(wanted, list):
+            raise TypeError("INIT extras must be a JSON list of property names")
+        self.extras_wanted = tuple(n for n in EXTRA_PROPERTIES if n in wanted)
 
     def use_template(self, template: Any) -> None:
         """Standard i-PI mode: the species and PBC come from a structure file."""
@@ -163,11 +199,40 @@ class ModelRunner:
             virial = self._virial(atoms) if stress_wanted else np.zeros((3, 3))
         else:
             energy, forces, virial = results
-        extra = b""
-        free = getattr(self.calc, "results", {}).get("free_energy")
+        return energy, forces, virial, self._extra(energy, len(atoms))
+
+    def _extra(self, energy: float, natoms: int) -> bytes:
+        """The FORCEREADY extra bytes: empty unless there is something to say."""
+        results = getattr(self.calc, "results", None) or {}
+        doc: dict[str, Any] = {}
+        free = results.get("free_energy")
         if free is not None and free != energy:
-            extra = json.dumps({"free_energy": float(free)}).encode("ascii")
-        return energy, forces, virial, extra
+            doc["free_energy"] = float(free)
+        self._probe = ()
+        if self.dialect:
+            filled = frozenset(n for n in EXTRA_PROPERTIES if results.get(n) is not None)
+            # Told once after setup, and again only if the model fills a new extra.
+            if self._reported is None or not filled <= self._reported:
+                self._reported = filled | (self._reported or frozenset())
+                doc["model"] = {"dtype": self.model_dtype, "extras": sorted(self._reported)}
+            for name in self.extras_wanted:
+                value = results.get(name)
+                if value is None and name in self._advertised and not self._direct:
+                    value = self._public_extra(name)
+                if value is not None:
+                    doc[name] = extra_array(name, value, natoms).tolist()
+        if not doc:
+            return b""
+        return json.dumps(doc).encode("ascii")
+
+    def _public_extra(self, name: str) -> Any:
+        """An extra that a calculator with its own plumbing computes only on request."""
+        from ase.calculators.calculator import PropertyNotImplementedError
+
+        try:
+            return self.calc.get_property(name, self.atoms)
+        except PropertyNotImplementedError:
+            return None
 
     def _changes(self, cell: np.ndarray) -> list[str]:
         from ase.calculators.calculator import all_changes
@@ -198,11 +263,15 @@ class ModelRunner:
             if "stress" not in calc.implemented_properties:
                 return None
             properties.append("stress")
+        required = len(properties)
+        if self.extras_wanted or (self._probe and self.dialect):
+            asked = set(self.extras_wanted) | set(self._probe)
+            properties.extend(n for n in self._advertised if n in asked)
         calc.atoms = None
         calc.results = {}
         calc.calculate(self.atoms, properties, changes)
         results = calc.results
-        if not all(name in results for name in properties):
+        if not all(name in results for name in properties[:required]):
             return None  # the public path fills in what this calculator left out
         virial = np.zeros((3, 3))
         if stress_wanted:

@@ -1,0 +1,72 @@
+"""CHGNet through RootstockCalculator: magnetic moments (an ASE extra the worker
+learns from the model's results), the dtype the worker reports, and the physics
+consistency check on ``chgnet-0.3.0``.
+
+CHGNet predicts a magnetic moment per atom alongside energy, forces and stress, and
+runs in float32. The worker and the in-process run use the same code and thread
+count; 1e-5 relative leaves room for a different summation order in threaded
+kernels while catching any real drift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rootstock.ops.consistency import check_consistency
+from tests.mlip.family import (
+    THREADS,
+    agreement,
+    assert_agree,
+    in_process,
+    structure,
+    through_calculator,
+)
+
+pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1200)]
+
+CHECKPOINT = "chgnet-0.3.0"
+FLOAT32_RTOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def same_threads() -> Iterator[None]:
+    """The worker gets the thread count that ``in_process`` uses."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in THREADS.items():
+            patch.setenv(key, value)
+        yield
+
+
+def test_chgnet_magmoms_match_in_process(mlip_root: Path, same_threads):
+    ours = through_calculator(mlip_root, CHECKPOINT, extras=("magmoms",))
+    reference = in_process(mlip_root, "chgnet", checkpoint=CHECKPOINT, extras=("magmoms",))
+    assert "magmoms" in reference, "in-process CHGNet filled no magmoms"
+    figures = agreement(ours, reference)
+    ref = np.asarray(reference["magmoms"])
+    scale = float(np.abs(ref).max()) or 1.0
+    figures["magmoms"] = float(np.abs(ours["magmoms"] - ref).max() / scale)
+    print(f"chgnet-0.3.0 through rootstock vs in-process (max relative): {figures}")
+    assert ours["magmoms"].shape == (len(structure()),)
+    assert_agree(ours, reference, rtol=FLOAT32_RTOL)
+    assert figures["magmoms"] <= FLOAT32_RTOL, figures
+
+
+def test_chgnet_first_call_magmoms_dtype_and_consistency(mlip_root: Path, same_threads):
+    from rootstock import RootstockCalculator
+
+    atoms = structure()
+    with RootstockCalculator(root=mlip_root, checkpoint=CHECKPOINT, device="cpu") as calc:
+        atoms.calc = calc
+        magmoms = atoms.get_magnetic_moments()  # the first call on a fresh calculator
+        assert magmoms.shape == (len(atoms),)
+        assert np.isfinite(magmoms).all()
+        assert "magmoms" in calc.implemented_properties
+        assert calc.model_dtype == "float32"
+        report = check_consistency(atoms, calc, dtype=calc.model_dtype)
+    ratios = {name: check.ratio for name, check in report.checks.items()}
+    print(f"chgnet-0.3.0 consistency ({report.dtype}): {ratios}")
+    assert report.ok, f"{report.message}; ratios {ratios}"
