@@ -109,7 +109,11 @@ def resolve_worker_spec(
             )
         weights_path = Path(weights).expanduser().absolute()
         if not weights_path.exists():
-            raise UsageError(f"weights file {weights_path} does not exist")
+            raise UsageError(
+                f"weights {weights_path} does not exist (no such file or directory)",
+                hint="pass the path of your weights file, or of the directory some families "
+                "save (matgl's Potential.save)",
+            )
     elif weights is not None:
         customs = [c for c in env.checkpoints if c.endswith(":custom")]
         raise UsageError(
