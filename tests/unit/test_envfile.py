@@ -6,7 +6,6 @@ rejected with its own message, on the right line, naming the fix.
 
 from __future__ import annotations
 
-import ast
 import functools
 import textwrap
 from pathlib import Path
