@@ -83,12 +83,19 @@ class LockTimeout(RootstockError):
     """A root-wide or per-file lock could not be taken in time."""
 
 
-class CheckpointNotDeclared(RootstockError):
-    """A checkpoint id that no installed env declares."""
+class CheckpointNotDeclared(UsageError):
+    """A checkpoint id that no installed env declares (exit code 2: the id is wrong)."""
 
 
-class AmbiguousCheckpoint(RootstockError):
-    """A checkpoint id that only cluster variants declare, and no cluster was given."""
+class AmbiguousCheckpoint(UsageError):
+    """A checkpoint id that only cluster variants declare, and no cluster was given.
+
+    Exit code 2: the command line lacks ``--cluster``.
+    """
+
+
+class CheckpointNotFetched(RootstockError):
+    """A declared checkpoint whose weights were never fetched (``rootstock add``)."""
 
 
 class ManifestError(RootstockError):

@@ -23,6 +23,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "new-env": ("rootstock.cli.new_env_cmd", "new_env", "Write a template env file."),
     "serve": ("rootstock.cli.serve_cmd", "serve", "Serve a checkpoint to an i-PI driver."),
     "add": ("rootstock.cli.add_cmd", "add", "Download and verify a checkpoint."),
+    "benchmark": (
+        "rootstock.cli.benchmark_cmd",
+        "benchmark",
+        "Time the worker boundary against the env's own Python.",
+    ),
     "smoke-test": (
         "rootstock.cli.smoke_test_cmd",
         "smoke_test",

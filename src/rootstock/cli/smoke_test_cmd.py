@@ -60,6 +60,10 @@ def smoke_test(
     from rootstock.ops.smoke_test import smoke_test as run_smoke_test
 
     layout = layout_from(root, cluster, cache_root)
+    if checkpoint:
+        from rootstock.ops.checkpoints import check_selected_checkpoint
+
+        check_selected_checkpoint(layout, checkpoint, cluster)
     dashboard = auto_push_dashboard(no_push, asked_by="--push-every" if push_every else None)
     machine = None
     if dashboard is not None:

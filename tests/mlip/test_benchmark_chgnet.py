@@ -1,0 +1,92 @@
+"""``rootstock benchmark`` on CHGNet: a real model through the worker and in its env.
+
+``chgnet-0.3.0`` is fetched first (its weights ship in the wheel, so the fetch is
+quick). Both runs get the same thread count, and the energies of the two runs of
+the seeded walk must agree: the same model on the same geometries. Timings are
+only checked for being positive.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_rootstock
+
+pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1800)]
+
+THREADS = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
+RUN_KEYS = {"calls", "median_ms", "p95_ms", "min_ms", "startup_s", "setup_s"}
+
+
+def rs(root: Path, *args: str, check: bool = True, timeout: float = 1500):
+    """Run ``rootstock ARGS --root ROOT`` with the test's thread count."""
+    return run_rootstock(*args, "--root", root, env=THREADS, check=check, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def chgnet_root(mlip_root: Path) -> Path:
+    """The family root with ``chgnet-0.3.0`` fetched."""
+    rs(mlip_root, "add", "chgnet-0.3.0", "--no-verify", "--no-push", "--no-perm-check")
+    return mlip_root
+
+
+def test_chgnet_benchmark_json(chgnet_root: Path):
+    proc = rs(
+        chgnet_root,
+        "benchmark",
+        "chgnet-0.3.0",
+        "--device",
+        "cpu",
+        "--calls",
+        "5",
+        "--warmup",
+        "1",
+        "--system",
+        "Cu:32",
+        "--json",
+    )
+    doc = json.loads(proc.stdout)
+    assert doc["device"] == "cpu" and doc["walk"]["calls"] == 5
+    assert doc["system"]["natoms"] == 32 and doc["system"]["periodic"] is True
+    (result,) = doc["results"]
+    assert result["checkpoint"] == "chgnet-0.3.0" and result["env"] == "chgnet"
+    for run in ("calculator", "in_env"):
+        stats = result[run]
+        assert set(stats) == RUN_KEYS and stats["calls"] == 5
+        assert 0 < stats["min_ms"] <= stats["median_ms"] <= stats["p95_ms"]
+        assert stats["startup_s"] > 0
+    assert result["in_env"]["setup_s"] > 0
+    assert math.isfinite(result["overhead_ms"])
+    # CHGNet on the CPU is deterministic: the same walk gives the same energies.
+    assert math.isfinite(result["first_energy"]) and result["first_energy"] < 0
+    assert result["max_energy_diff"] < 1e-5, result
+    assert result["max_force_diff"] < 1e-4, result
+
+
+def test_chgnet_id_rule(chgnet_root: Path):
+    proc = rs(chgnet_root, "benchmark", "chgnet-0.3.1", "--device", "cpu", check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "close matches: chgnet-0.3.0" in proc.stderr and "Traceback" not in proc.stderr
+
+    proc = rs(
+        chgnet_root, "benchmark", "chgnet-0.3.0", "--system", "Cu:abc", "--device", "cpu",
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "El:N" in proc.stderr
+
+    manifest = json.loads((chgnet_root / "manifest.json").read_text())
+    recorded = manifest["envs"]["chgnet"]["checkpoints"]
+    unfetched = [
+        c
+        for c in ("chgnet-r2scan", "chgnet-0.2.0")
+        if not (recorded.get(c) or {}).get("fetched_at")
+    ]
+    if not unfetched:
+        pytest.skip("every CHGNet id is fetched in this session's root")
+    proc = rs(chgnet_root, "benchmark", unfetched[0], "--device", "cpu", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"rootstock add {unfetched[0]} --no-verify" in proc.stderr
