@@ -31,7 +31,7 @@ log = logging.getLogger("rootstock.usage")
 
 RECORD_VERSION = 1
 DISABLE_ENV = "ROOTSTOCK_DISABLE_USAGE_STATS"
-ENTRY_POINTS = ("calculator", "serve", "verify")
+ENTRY_POINTS = ("calculator", "serve", "verify", "benchmark")
 LOCAL_CHECKPOINT = "(local)"
 SALT_NAME = ".salt"
 ROLLUPS_DIR = "rollups"

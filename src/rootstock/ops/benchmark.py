@@ -148,7 +148,7 @@ def time_calculator(
     forces, startup = None, 0.0
     started = time.monotonic()
     # A maintainer's check, not a user's session: recorded like verification.
-    with entry_point("verify"), RootstockCalculator.from_spec(spec, timeout=timeout) as calc:
+    with entry_point("benchmark"), RootstockCalculator.from_spec(spec, timeout=timeout) as calc:
         atoms.calc = calc
         for index in walk(atoms, warmup + calls, WALK_SEED):
             tick = time.perf_counter()
