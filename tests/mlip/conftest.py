@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import install_family
+from tests.mlip.family import THREADS
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +21,12 @@ def family_env(family_root: Path, torch_pin) -> Callable[[str], Path]:
         return family_root
 
     return build
+
+
+@pytest.fixture(scope="session", autouse=True)
+def same_threads() -> Iterator[None]:
+    """Workers get the thread count that ``in_process`` runs use, so the two agree."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in THREADS.items():
+            patch.setenv(key, value)
+        yield

@@ -187,3 +187,35 @@ def agreement(ours: dict[str, Any], reference: dict[str, Any]) -> dict[str, floa
         scale = float(np.abs(ref).max()) or 1.0
         figures[name] = float(np.abs(np.asarray(ours[name]) - ref).max() / scale)
     return figures
+
+
+def session_with_check(
+    root: Path,
+    checkpoint: str,
+    *,
+    dtype: str,
+    weights: Path | None = None,
+    setup_kwargs: dict[str, Any] | None = None,
+    modes: dict[str, str] | None = None,
+    atoms=None,
+):
+    """Energy, forces and stress, then the physics check, in one calculator session.
+
+    Returns ``(results, ConsistencyReport)``: the check runs through the very
+    calculator that computed the results, as verification does.
+    """
+    from rootstock import RootstockCalculator
+    from rootstock.ops.consistency import check_consistency
+
+    atoms = atoms if atoms is not None else structure()
+    with RootstockCalculator(
+        root=root, checkpoint=checkpoint, device="cpu", weights=weights, setup_kwargs=setup_kwargs
+    ) as calc:
+        atoms.calc = calc
+        results = {
+            "energy": atoms.get_potential_energy(),
+            "forces": atoms.get_forces(),
+            "stress": atoms.get_stress(),
+        }
+        report = check_consistency(atoms, calc, dtype=dtype, modes=modes)
+    return results, report

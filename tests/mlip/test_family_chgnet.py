@@ -10,7 +10,6 @@ kernels while catching any real drift.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,6 @@ import pytest
 
 from rootstock.ops.consistency import check_consistency
 from tests.mlip.family import (
-    THREADS,
     agreement,
     assert_agree,
     in_process,
@@ -30,15 +28,6 @@ pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1200)]
 
 CHECKPOINT = "chgnet-0.3.0"
 FLOAT32_RTOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def same_threads() -> Iterator[None]:
-    """The worker gets the thread count that ``in_process`` uses."""
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in THREADS.items():
-            patch.setenv(key, value)
-        yield
 
 
 def test_chgnet_magmoms_match_in_process(mlip_root: Path, same_threads):

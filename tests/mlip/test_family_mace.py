@@ -10,21 +10,19 @@ the env, to 1e-6 relative) and then runs the physics consistency check.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rootstock.errors import WorkerError
-from rootstock.ops.consistency import ConsistencyReport, check_consistency
+from rootstock.ops.consistency import ConsistencyReport
 from tests.mlip.family import (
-    THREADS,
     agreement,
     assert_agree,
     in_process,
     run_in_env,
-    structure,
+    session_with_check,
     through_calculator,
 )
 
@@ -75,15 +73,6 @@ def mace_root(family_env) -> Path:
 
 
 @pytest.fixture(scope="module")
-def same_threads() -> Iterator[None]:
-    """The worker gets the thread count that ``in_process`` uses."""
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in THREADS.items():
-            patch.setenv(key, value)
-        yield
-
-
-@pytest.fixture(scope="module")
 def random_mace(mace_root: Path, tmp_path_factory) -> Path:
     """A random ``ScaleShiftMACE`` saved as a ``.model`` file (once per module)."""
     path = tmp_path_factory.mktemp("mace-weights") / "random-mace.model"
@@ -91,31 +80,11 @@ def random_mace(mace_root: Path, tmp_path_factory) -> Path:
     return path
 
 
-def session_results(
-    root: Path, checkpoint: str, weights: Path, dtype: str
-) -> tuple[dict, ConsistencyReport]:
-    """Energy, forces, stress and the consistency report from one calculator session."""
-    from rootstock import RootstockCalculator
-
-    atoms = structure()
-    with RootstockCalculator(
-        root=root, checkpoint=checkpoint, device="cpu", weights=weights
-    ) as calc:
-        atoms.calc = calc
-        results = {
-            "energy": atoms.get_potential_energy(),
-            "forces": atoms.get_forces(),
-            "stress": atoms.get_stress(),
-        }
-        report = check_consistency(atoms, calc, dtype=dtype, modes=None)
-    return results, report
-
-
 @pytest.fixture(scope="module")
 def through_rootstock(
     mace_root: Path, random_mace: Path, same_threads
 ) -> tuple[dict, ConsistencyReport]:
-    return session_results(mace_root, "mace:custom", random_mace, "float64")
+    return session_with_check(mace_root, "mace:custom", weights=random_mace, dtype="float64")
 
 
 def ratios(report: ConsistencyReport) -> str:

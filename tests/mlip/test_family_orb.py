@@ -32,7 +32,6 @@ from rootstock.errors import WorkerError
 from rootstock.ops.consistency import ConsistencyReport, check_consistency
 from rootstock.ops.verify import default_reference
 from tests.mlip.family import (
-    THREADS,
     agreement,
     assert_agree,
     in_process,
@@ -80,13 +79,6 @@ BUILD_RANDOM_ORB = """
 """
 
 
-@pytest.fixture(autouse=True)
-def same_threads(monkeypatch):
-    """The worker inherits the thread count the in-process run uses."""
-    for key, value in THREADS.items():
-        monkeypatch.setenv(key, value)
-
-
 @pytest.fixture(scope="module")
 def random_orb(family_env, tmp_path_factory) -> tuple[Path, dict[str, Path]]:
     """(family root, {"conservative": file, "direct": file}) of random orb-v3 state dicts."""
@@ -107,19 +99,15 @@ def reference_atoms() -> Atoms:
 
 @contextmanager
 def orb_session(root: Path, weights: Path, architecture: str) -> Iterator[RootstockCalculator]:
-    """One RootstockCalculator on ``weights`` via ``orb:custom``, threads as in-process."""
-    with pytest.MonkeyPatch.context() as patch:
-        # The module-scoped fixtures are set up before the autouse same_threads runs.
-        for key, value in THREADS.items():
-            patch.setenv(key, value)
-        with RootstockCalculator(
-            root=root,
-            checkpoint=CUSTOM,
-            device="cpu",
-            weights=weights,
-            setup_kwargs={"architecture": architecture},
-        ) as calc:
-            yield calc
+    """One RootstockCalculator on ``weights`` via ``orb:custom``."""
+    with RootstockCalculator(
+        root=root,
+        checkpoint=CUSTOM,
+        device="cpu",
+        weights=weights,
+        setup_kwargs={"architecture": architecture},
+    ) as calc:
+        yield calc
 
 
 def compute(calc: RootstockCalculator, atoms: Atoms) -> dict[str, Any]:

@@ -16,21 +16,19 @@ threaded kernels (measured: at most 4e-7) while catching any real drift.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rootstock.errors import WorkerError
-from rootstock.ops.consistency import ConsistencyReport, check_consistency
+from rootstock.ops.consistency import ConsistencyReport
 from tests.mlip.family import (
-    THREADS,
     agreement,
     assert_agree,
     in_process,
     run_in_env,
-    structure,
+    session_with_check,
     through_calculator,
 )
 
@@ -77,40 +75,11 @@ def sevennet_root(family_env) -> Path:
 
 
 @pytest.fixture(scope="module")
-def same_threads() -> Iterator[None]:
-    """The worker gets the thread count that ``in_process`` uses."""
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in THREADS.items():
-            patch.setenv(key, value)
-        yield
-
-
-@pytest.fixture(scope="module")
 def random_sevennet(sevennet_root: Path, tmp_path_factory) -> Path:
     """A random SevenNet saved as a sevenn checkpoint (once per module)."""
     path = tmp_path_factory.mktemp("sevennet-weights") / "random-sevennet.pth"
     run_in_env(sevennet_root, "sevennet", BUILD_RANDOM_SEVENNET, path)
     return path
-
-
-def session_results(
-    root: Path, checkpoint: str, weights: Path | None = None
-) -> tuple[dict, ConsistencyReport]:
-    """Energy, forces, stress and the consistency report from one calculator session."""
-    from rootstock import RootstockCalculator
-
-    atoms = structure()
-    with RootstockCalculator(
-        root=root, checkpoint=checkpoint, device="cpu", weights=weights
-    ) as calc:
-        atoms.calc = calc
-        results = {
-            "energy": atoms.get_potential_energy(),
-            "forces": atoms.get_forces(),
-            "stress": atoms.get_stress(),
-        }
-        report = check_consistency(atoms, calc, dtype="float32", modes=None)
-    return results, report
 
 
 def ratios(report: ConsistencyReport) -> str:
@@ -119,12 +88,14 @@ def ratios(report: ConsistencyReport) -> str:
 
 @pytest.fixture(scope="module")
 def random_through_rootstock(sevennet_root: Path, random_sevennet: Path, same_threads):
-    return session_results(sevennet_root, "sevennet:custom", random_sevennet)
+    return session_with_check(
+        sevennet_root, "sevennet:custom", weights=random_sevennet, dtype="float32"
+    )
 
 
 @pytest.fixture(scope="module")
 def shipped_through_rootstock(sevennet_root: Path, same_threads):
-    return session_results(sevennet_root, "sevennet-0")
+    return session_with_check(sevennet_root, "sevennet-0", dtype="float32")
 
 
 def test_random_sevennet_through_rootstock_agrees_with_in_process(

@@ -18,13 +18,13 @@ import pytest
 
 from rootstock import RootstockCalculator
 from rootstock.errors import WorkerError
-from rootstock.ops.consistency import GPA_PER_EV_A3, ConsistencyReport, check_consistency
+from rootstock.ops.consistency import GPA_PER_EV_A3, ConsistencyReport
 from tests.mlip.family import (
-    THREADS,
     agreement,
     assert_agree,
     in_process,
     run_in_env,
+    session_with_check,
     structure,
 )
 
@@ -56,13 +56,6 @@ BUILD_RANDOM_TENSORNET = """
 """
 
 
-@pytest.fixture(autouse=True)
-def same_threads(monkeypatch):
-    """The worker inherits the thread count the in-process run uses."""
-    for key, value in THREADS.items():
-        monkeypatch.setenv(key, value)
-
-
 @pytest.fixture(scope="module")
 def random_tensornet(family_env, tmp_path_factory) -> tuple[Path, Path]:
     """(family root, directory) of a small random TensorNet saved by ``Potential.save``."""
@@ -77,18 +70,9 @@ def one_session(
     root: Path, weights: Path, setup_kwargs: dict | None = None
 ) -> tuple[dict, ConsistencyReport]:
     """Energy, forces, stress and the float32 physics check, in one calculator session."""
-    atoms = structure()
-    with RootstockCalculator(
-        root=root, checkpoint=CUSTOM, device="cpu", weights=weights, setup_kwargs=setup_kwargs
-    ) as calc:
-        atoms.calc = calc
-        results = {
-            "energy": atoms.get_potential_energy(),
-            "forces": atoms.get_forces(),
-            "stress": atoms.get_stress(),
-        }
-        report = check_consistency(atoms, calc, dtype="float32")
-    return results, report
+    return session_with_check(
+        root, CUSTOM, weights=weights, setup_kwargs=setup_kwargs, dtype="float32"
+    )
 
 
 def ratios(report: ConsistencyReport) -> dict[str, float | None]:

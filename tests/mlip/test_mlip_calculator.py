@@ -93,12 +93,6 @@ def assert_close(ours: dict, reference: dict, rtol: float = 1e-6):
     )
 
 
-@pytest.fixture(autouse=True)
-def same_threads(monkeypatch):
-    for key, value in THREADS.items():
-        monkeypatch.setenv(key, value)
-
-
 def test_chgnet_then_sevennet_in_one_script(mlip_root: Path):
     """Two model families with conflicting stacks, one after the other, one process."""
     chgnet = through_calculator(mlip_root, "chgnet-0.3.0")
