@@ -23,7 +23,6 @@ from tests.conftest import ENVIRONMENTS, make_root, run_rootstock
 from tests.system.slurm_chain import (
     DEV_VENV,
     TERMINAL_STATES,
-    cluster_state,
     job_info,
     kill_workers_of,
     slurm_cmd,
@@ -45,20 +44,6 @@ def bench_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
     run_rootstock("add", "emt", "--no-verify", "--root", root, "--no-push", timeout=120)
     yield root
     kill_workers_of(root)
-
-
-@pytest.fixture(scope="module")
-def slurm() -> str:
-    """The local SLURM's node state; skips where SLURM is not installed."""
-    state = cluster_state()
-    if state is None:
-        pytest.skip("SLURM is not installed here: run scripts/dev/slurm-up")
-    deadline = time.monotonic() + 30
-    while state not in ("idle", "mix", "alloc") and time.monotonic() < deadline:
-        time.sleep(1)
-        state = cluster_state()
-    assert state in ("idle", "mix", "alloc"), f"local SLURM not ready (sinfo: {state})"
-    return state
 
 
 def job_environment(home: Path, root: Path, knobs: dict[str, str]) -> dict[str, str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from datetime import date, timedelta
 from pathlib import Path
 
@@ -24,7 +23,6 @@ from tests.conftest import ENVIRONMENTS, make_root, run_rootstock
 from tests.system.slurm_chain import (
     DEV_VENV,
     NightlyChain,
-    cluster_state,
     job_info,
     kill_workers_of,
     parse_slurm_time,
@@ -114,20 +112,6 @@ ROOTSTOCK_RECORDER = """#!/bin/sh
 printf '%s\\n%s\\n' "${HF_TOKEN-<unset>}" "${HUGGING_FACE_HUB_TOKEN-<unset>}" > "$HOME/token-seen"
 exec @ROOTSTOCK@ "$@"
 """
-
-
-@pytest.fixture(scope="session")
-def slurm() -> str:
-    """The local SLURM's node state; skips where SLURM is not installed."""
-    state = cluster_state()
-    if state is None:
-        pytest.skip("SLURM is not installed here: run scripts/dev/slurm-up")
-    deadline = time.monotonic() + 30
-    while state not in ("idle", "mix", "alloc") and time.monotonic() < deadline:
-        time.sleep(1)
-        state = cluster_state()
-    assert state in ("idle", "mix", "alloc"), f"local SLURM not ready (sinfo: {state})"
-    return state
 
 
 def build_root(path: Path, uv_cache: Path, env_files: list[Path], ids: list[str]) -> Path:
