@@ -143,6 +143,14 @@ def in_process(
     return json.loads(line.removeprefix("ROOTSTOCK-RESULT "))
 
 
+def _energy_forces_stress(atoms) -> dict[str, Any]:
+    return {
+        "energy": atoms.get_potential_energy(),
+        "forces": atoms.get_forces(),
+        "stress": atoms.get_stress(),
+    }
+
+
 def through_calculator(
     root: Path,
     checkpoint: str,
@@ -160,11 +168,7 @@ def through_calculator(
         root=root, checkpoint=checkpoint, device="cpu", weights=weights, setup_kwargs=setup_kwargs
     ) as calc:
         atoms.calc = calc
-        out = {
-            "energy": atoms.get_potential_energy(),
-            "forces": atoms.get_forces(),
-            "stress": atoms.get_stress(),
-        }
+        out = _energy_forces_stress(atoms)
         for name in extras:
             out[name] = atoms.calc.get_property(name, atoms)
     return out
@@ -212,10 +216,11 @@ def session_with_check(
         root=root, checkpoint=checkpoint, device="cpu", weights=weights, setup_kwargs=setup_kwargs
     ) as calc:
         atoms.calc = calc
-        results = {
-            "energy": atoms.get_potential_energy(),
-            "forces": atoms.get_forces(),
-            "stress": atoms.get_stress(),
-        }
+        results = _energy_forces_stress(atoms)
         report = check_consistency(atoms, calc, dtype=dtype, modes=modes)
     return results, report
+
+
+def ratios(report) -> str:
+    """A consistency report's ratios, for assertion messages."""
+    return ", ".join(f"{name} ratio {check.ratio}" for name, check in report.checks.items())

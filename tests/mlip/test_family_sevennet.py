@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 
 from rootstock.errors import WorkerError
-from rootstock.ops.consistency import ConsistencyReport
 from tests.mlip.family import (
     agreement,
     assert_agree,
     in_process,
+    ratios,
     run_in_env,
     session_with_check,
     through_calculator,
@@ -82,10 +82,6 @@ def random_sevennet(sevennet_root: Path, tmp_path_factory) -> Path:
     return path
 
 
-def ratios(report: ConsistencyReport) -> str:
-    return ", ".join(f"{name} ratio {check.ratio}" for name, check in report.checks.items())
-
-
 @pytest.fixture(scope="module")
 def random_through_rootstock(sevennet_root: Path, random_sevennet: Path, same_threads):
     return session_with_check(
@@ -136,8 +132,7 @@ def test_sevennet_custom_rejects_a_file_that_is_not_a_checkpoint(
     message = str(caught.value)
     # sevenn loads the checkpoint with torch.load, whose unpickler names the problem.
     assert "UnpicklingError" in message
-    if "WeightsNotLoaded" in message:  # the worker's wording that names the file
-        assert str(garbage) in message
+    assert "WeightsNotLoaded" in message and str(garbage) in message  # the worker names it
 
 
 def test_sevennet_custom_rejects_a_directory(sevennet_root: Path, tmp_path: Path, same_threads):
