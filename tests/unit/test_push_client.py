@@ -104,16 +104,16 @@ def test_a_server_that_trickles_cannot_outlast_the_cap(stand_in):
     assert outcome.status is None and "timed out" in outcome.error
 
 
-def test_refused_connection_fails_fast_without_retrying():
+def test_refused_connection_is_retried_once_without_backoff():
     policy = RetryPolicy(attempt_timeout=2.0, total_cap=8.0, first_delay=1.0, max_delay=4.0)
     slept: list[float] = []
     outcome = request_json(
         "PUT", f"http://127.0.0.1:{free_port()}/x", {}, policy=policy, sleep=slept.append
     )
-    assert outcome.status is None and outcome.attempts == 1
+    assert outcome.status is None and outcome.attempts == 2
     assert "refused" in outcome.error
-    # Nothing is listening: no backoff is waited out, and no second attempt is made.
-    assert slept == []
+    # Nothing is listening: one short wait (tests/unit/test_http_retry.py), no backoff.
+    assert slept == [policy.refused_delay]
 
 
 def test_total_cap_bounds_retries_against_a_server_that_always_fails(stand_in):
@@ -287,7 +287,7 @@ def test_one_payload_per_cluster_with_only_its_verifications(stand_in, shared_in
 def test_a_dead_dashboard_is_tried_once_for_all_clusters(shared_install):
     report = push_manifest(shared_install, dashboard=dashboard(f"http://127.0.0.1:{free_port()}"))
     assert not report.ok
-    assert [r.attempts for r in report.results] == [1, 0]
+    assert [r.attempts for r in report.results] == [2, 0]
     assert "refused" in report.results[0].message
     assert "not sent" in report.results[1].message
     assert "rootstock manifest push" in report.results[1].hint

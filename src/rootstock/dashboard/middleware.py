@@ -8,6 +8,9 @@ A pure ASGI middleware, so that it runs before anything reads the body:
    gets ``403``;
 2. a body over the limit gets ``413``: by its ``Content-Length`` before reading,
    or by counting the bytes of a chunked body as they arrive;
+   after any such early answer the rest of the body is read and dropped, up to
+   twice the limit and :data:`DRAIN_TIMEOUT_S` (see :meth:`Refusal.send`), so that a
+   client still sending reads the answer instead of a connection reset;
 3. writes are handled one at a time (a write slot per server process), after
    their body has arrived, so a slow uploader never holds the slot; one Python
    process runs one thread at a time anyway, and SQLite has one writer;
@@ -23,6 +26,7 @@ are left in ``scope["state"]`` for the handlers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -43,12 +47,20 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# How long a refused request's unread body is drained after the answer: enough for
+# megabytes on any network a push crosses, short enough that a client promising a
+# body it never sends holds nothing for long.
+DRAIN_TIMEOUT_S = 10.0
 CLUSTER_PATH = re.compile(r"^/api/v\d+/clusters/([^/]+)/")
 log = logging.getLogger("rootstock.dashboard")
 
 
 class BodyTooLarge(Exception):
     """The request body went over the limit while it was being read."""
+
+    def __init__(self, more_body: bool) -> None:
+        super().__init__("the request body is over the limit")
+        self.more_body = more_body  # False: the body has all arrived, nothing to drain
 
 
 class GuardMiddleware:
@@ -58,6 +70,10 @@ class GuardMiddleware:
         self.app = app
         self.sessions = sessions
         self.max_body = max_body
+        # A refused body of any size a write may have is drained whole, and a 413's
+        # up to twice the limit past the answer; beyond that the client's own watch
+        # for an early answer (rootstock.ops.http_client) has to do.
+        self.drain_limit = 2 * max_body
         self.write_slot = asyncio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -74,7 +90,7 @@ class GuardMiddleware:
         if is_write:
             refusal = await run_in_threadpool(self._check_credentials, scope)
             if refusal is not None:
-                await refusal.send(send)
+                await refusal.send(send, receive, self.drain_limit)
                 return
 
         declared = _content_length(scope)
@@ -82,15 +98,15 @@ class GuardMiddleware:
             await Refusal(400, "the Content-Length header is not a number").send(send)
             return
         if declared is not None and declared > self.max_body:
-            await self._too_large(send)
+            await self._too_large(send, receive)
             return
         if not is_write:
             await self.app(scope, receive, send)
             return
         try:
             body = await self._read_body(receive)
-        except BodyTooLarge:
-            await self._too_large(send)
+        except BodyTooLarge as exc:
+            await self._too_large(send, receive if exc.more_body else None)
             return
         # Kept for the handler: a manifest's history row stores the body as received.
         state["rootstock_body"] = body
@@ -136,20 +152,16 @@ class GuardMiddleware:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
-                if message.get("more_body", False):
-                    # Read (and drop) up to as much again, so that a client still sending
-                    # sees the 413 instead of a connection reset; past that, stop reading.
-                    await _drain(receive, self.max_body)
-                raise BodyTooLarge
+                # The rest, if any, is drained after the 413 is on its way.
+                raise BodyTooLarge(message.get("more_body", False))
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
         return b"".join(chunks)
 
-    async def _too_large(self, send: Send) -> None:
-        await Refusal(413, f"the request body is over the limit of {self.max_body} bytes").send(
-            send
-        )
+    async def _too_large(self, send: Send, receive: Receive | None) -> None:
+        refusal = Refusal(413, f"the request body is over the limit of {self.max_body} bytes")
+        await refusal.send(send, receive, self.drain_limit)
 
 
 class Refusal:
@@ -160,8 +172,18 @@ class Refusal:
         self.detail = detail
         self.headers = headers or {}
 
-    async def send(self, send: Send) -> None:
-        """Answer with this refusal, and close the connection (the body may be unread)."""
+    async def send(self, send: Send, receive: Receive | None = None, drain_limit: int = 0) -> None:
+        """Answer with this refusal, then close the connection.
+
+        With ``receive``, the request's unread body is drained between the answer's
+        bytes and the end of the response (at most ``drain_limit`` bytes and
+        :data:`DRAIN_TIMEOUT_S`). Closing a socket with unread input makes the
+        kernel send a reset instead of a clean close, and a client still sending
+        a large body would then report "connection reset" instead of this answer.
+        The ASGI server ends the connection when the response ends, so the drain
+        must come before the final (empty) body message; the answer itself has
+        already been written by then, so nothing waits for the drain.
+        """
         body = json.dumps({"detail": self.detail}).encode()
         headers = [
             (b"content-type", b"application/json"),
@@ -172,7 +194,14 @@ class Refusal:
         if self.status == 503:
             headers.append((b"retry-after", b"5"))
         await send({"type": "http.response.start", "status": self.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        if receive is None:
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        # A client that sends no more in time has had the answer for that long.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(_drain(receive, drain_limit), DRAIN_TIMEOUT_S)
+        await send({"type": "http.response.body", "body": b""})
 
 
 class Timing:
@@ -217,6 +246,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _drain(receive: Receive, limit: int) -> None:
+    """Read and drop request body messages until the body ends or ``limit`` bytes."""
     drained = 0
     while drained <= limit:
         message = await receive()

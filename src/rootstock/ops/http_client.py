@@ -7,8 +7,14 @@ batch job, so a dashboard that is down must cost seconds, not the job's wall tim
 * timeouts, dropped connections, 5xx and 429 are retried with exponential backoff
   and jitter, but never past ``total_cap`` seconds from the first attempt (one
   :class:`Deadline` can be shared by several requests);
-* a refused connection, an unknown host or a bad certificate fails at once: nothing
-  is listening, and waiting will not change that within a push;
+* a refused connection is retried once, after ``refused_delay`` (a dashboard being
+  restarted refuses for a moment); a second refusal is final;
+* an unknown host, an unreachable network or a bad certificate fails at once:
+  waiting will not change that within a push;
+* the body is sent in pieces, and an answer that arrives before it is all sent
+  (the dashboard refuses a bad key or an oversized body before reading it) ends the
+  sending and is read as the answer, so a large push reports "401" or "413" rather
+  than the connection reset that would follow;
 * any other 4xx is the caller's to explain and is never retried;
 * redirects are never followed: a 3xx is a final answer whose ``Location`` the
   caller reports. Following one would resend the credential (urllib keeps the
@@ -25,6 +31,7 @@ import errno
 import http.client
 import json
 import random
+import select
 import socket
 import ssl
 import threading
@@ -34,7 +41,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from rootstock.errors import ConfigError
 
@@ -42,8 +49,10 @@ TIMEOUT_ENV = "ROOTSTOCK_PUSH_TIMEOUT"
 RETRY_CAP_ENV = "ROOTSTOCK_PUSH_RETRY_CAP"
 MAX_RESPONSE_BYTES = 1 << 20
 _GRACE_S = 0.5
-# Errors that mean "nothing is there": retrying inside one push cannot help.
-_UNREACHABLE_ERRNOS = {errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH}
+# Errors that mean "no route there": retrying inside one push cannot help.
+_UNREACHABLE_ERRNOS = {errno.EHOSTUNREACH, errno.ENETUNREACH}
+# The body goes out in pieces this large, with a look for an early answer between.
+SEND_PIECE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class RetryPolicy:
     total_cap: float = 30.0
     first_delay: float = 0.5
     max_delay: float = 8.0
+    refused_delay: float = 1.0  # before the one retry of a refused connection
 
     @classmethod
     def from_settings(
@@ -157,38 +167,48 @@ def request_json(
     deadline = deadline or Deadline(policy.total_cap)
     started = time.monotonic()
     body = json.dumps(payload, separators=(",", ":")).encode("utf-8")
-    attempts = 0
-    last: tuple[int | None, bytes, str | None, str | None] = (
-        None,
-        b"",
-        "not sent: the retry cap was already spent",
-        None,
-    )
+    attempts = refusals = 0
+    last = Attempt(None, b"", "not sent: the retry cap was already spent", False, None, None)
     while True:
         remaining = deadline.remaining()
         if remaining <= 0:
             break
         attempts += 1
-        status, data, error, retry, retry_after, location = _bounded_attempt(
+        last = _bounded_attempt(
             method, url, body, headers or {}, min(policy.attempt_timeout, remaining)
         )
-        last = (status, data, error, location)
-        if not retry:
+        if last.refused:
+            # A dashboard being restarted refuses for a moment; one nobody runs keeps
+            # refusing, and a second refusal is not worth waiting out the cap for.
+            refusals += 1
+            if refusals > 1:
+                break
+            wait = policy.refused_delay
+        elif last.retry:
+            wait = max(policy.backoff(attempts), last.retry_after or 0.0)
+        else:
             break
-        wait = max(policy.backoff(attempts), retry_after or 0.0)
         if wait >= deadline.remaining():
             # The next attempt could not start inside the cap: give up now rather
             # than sleep into it.
             break
         sleep(wait)
-    status, data, error, location = last
+    status, data, error, location = last.status, last.body, last.error, last.location
     if error and attempts > 1:
         error = f"{error} (after {attempts} attempts in {time.monotonic() - started:.1f} s)"
     return HttpOutcome(status, data, attempts, time.monotonic() - started, error, location)
 
 
-# (status, body, transport error, retry?, Retry-After seconds, redirect Location)
-Attempt = tuple[int | None, bytes, str | None, bool, float | None, str | None]
+class Attempt(NamedTuple):
+    """The end of one attempt, and whether (and when) another may follow."""
+
+    status: int | None
+    body: bytes
+    error: str | None  # a transport error: no HTTP answer arrived
+    retry: bool
+    retry_after: float | None  # the answer's Retry-After, in seconds
+    location: str | None  # a redirect's target, made absolute
+    refused: bool = False  # the connection was refused: worth exactly one retry
 
 
 def _bounded_attempt(
@@ -210,7 +230,7 @@ def _bounded_attempt(
     worker.join(timeout + _GRACE_S)
     if box:
         return box[0]
-    return None, b"", "timed out waiting for the dashboard", True, None, None
+    return _no_answer("timed out waiting for the dashboard", retry=True)
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
@@ -221,7 +241,79 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirects)
+class _EarlyAnswerMixin:
+    """An HTTP connection that sends in pieces and stops once the server has answered.
+
+    A server may answer before reading the body (the dashboard does for a bad key
+    or an oversized body) and then close. A client that goes on sending gets a
+    reset, and the answer is lost behind "connection failed". Between pieces this
+    connection looks for an answer (or a close) waiting on the socket; once there
+    is one, or the server has closed, the rest of the body is dropped and
+    ``getresponse()`` reads what the server said (the kernel keeps received bytes
+    readable after a reset). Over TLS only the second half applies: a readable
+    TLS socket may hold a session ticket rather than an answer.
+    """
+
+    sock: socket.socket | None
+    _answered_early = False
+
+    def send(self, data: Any) -> None:
+        """Send ``data`` in pieces, unless the server has answered already."""
+        if self._answered_early:
+            return
+        if not isinstance(data, bytes | bytearray | memoryview):
+            super().send(data)  # type: ignore[misc]
+            return
+        view = memoryview(data)
+        for start in range(0, max(len(view), 1), SEND_PIECE_BYTES):
+            if self.sock is not None and _answer_waiting(self.sock):
+                self._answered_early = True
+                return
+            try:
+                super().send(view[start : start + SEND_PIECE_BYTES])  # type: ignore[misc]
+            except (BrokenPipeError, ConnectionResetError):
+                # Closed while we sent: getresponse() reads its answer if it gave one,
+                # and reports the failure if it did not.
+                self._answered_early = True
+                return
+
+
+def _answer_waiting(sock: socket.socket) -> bool:
+    """True when the server sent something (or closed) on a plain TCP socket."""
+    if isinstance(sock, ssl.SSLSocket) or not hasattr(select, "poll"):
+        return False
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | select.POLLPRI)
+    return bool(poller.poll(0))
+
+
+class _EarlyAnswerHTTPConnection(_EarlyAnswerMixin, http.client.HTTPConnection):
+    """Plain HTTP with :class:`_EarlyAnswerMixin`."""
+
+
+class _EarlyAnswerHTTPSConnection(_EarlyAnswerMixin, http.client.HTTPSConnection):
+    """HTTPS with :class:`_EarlyAnswerMixin`."""
+
+
+class _EarlyAnswerHTTPHandler(urllib.request.HTTPHandler):
+    """urllib's HTTP handler on :class:`_EarlyAnswerHTTPConnection`."""
+
+    def http_open(self, req):  # type: ignore[override]
+        """Open ``req`` on a connection that reads an early answer."""
+        return self.do_open(_EarlyAnswerHTTPConnection, req)
+
+
+class _EarlyAnswerHTTPSHandler(urllib.request.HTTPSHandler):
+    """urllib's HTTPS handler on :class:`_EarlyAnswerHTTPSConnection`."""
+
+    def https_open(self, req):  # type: ignore[override]
+        """Open ``req`` on a connection that reads an early answer (default TLS context)."""
+        return self.do_open(_EarlyAnswerHTTPSConnection, req, context=self._context)
+
+
+_OPENER = urllib.request.build_opener(
+    _NoRedirects, _EarlyAnswerHTTPHandler, _EarlyAnswerHTTPSHandler
+)
 
 
 def _attempt(
@@ -238,18 +330,20 @@ def _attempt(
         request.add_header(name, value)
     try:
         with _OPENER.open(request, timeout=timeout) as response:
-            return response.status, response.read(MAX_RESPONSE_BYTES), None, False, None, None
+            return Attempt(
+                response.status, response.read(MAX_RESPONSE_BYTES), None, False, None, None
+            )
     except urllib.error.HTTPError as exc:
         data = _read_quietly(exc)
         retry = should_retry_status(exc.code)
         location = _location(url, exc.headers) if 300 <= exc.code < 400 else None
         retry_after = _retry_after(exc.headers) if retry else None
-        return exc.code, data, None, retry, retry_after, location
+        return Attempt(exc.code, data, None, retry, retry_after, location)
     except urllib.error.URLError as exc:
         reason = exc.reason
         if isinstance(reason, BaseException):
             return _transport_failure(reason)
-        return None, b"", f"cannot reach the dashboard: {reason}", False, None, None
+        return _no_answer(f"cannot reach the dashboard: {reason}", retry=False)
     except (OSError, http.client.HTTPException) as exc:
         # Raised while reading the answer (reset, timeout, truncated response).
         return _transport_failure(exc)
@@ -257,8 +351,11 @@ def _attempt(
 
 def _transport_failure(exc: BaseException) -> Attempt:
     if isinstance(exc, ConnectionRefusedError) or (
-        isinstance(exc, OSError) and exc.errno in _UNREACHABLE_ERRNOS
+        isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED
     ):
+        error = f"cannot connect ({_describe(exc).lower()})"
+        return Attempt(None, b"", error, False, None, None, refused=True)
+    if isinstance(exc, OSError) and exc.errno in _UNREACHABLE_ERRNOS:
         return _no_answer(f"cannot connect ({_describe(exc).lower()})", retry=False)
     if isinstance(exc, socket.gaierror):
         return _no_answer(f"cannot resolve the dashboard's host ({_describe(exc)})", retry=False)
@@ -270,7 +367,7 @@ def _transport_failure(exc: BaseException) -> Attempt:
 
 
 def _no_answer(error: str, retry: bool) -> Attempt:
-    return None, b"", error, retry, None, None
+    return Attempt(None, b"", error, retry, None, None)
 
 
 def _location(url: str, headers: Any) -> str | None:

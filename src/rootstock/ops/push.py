@@ -5,7 +5,7 @@ cluster's view (:func:`~rootstock.install.manifest.cluster_view`: only its own
 verifications), with each env's ``source_hash`` refreshed from the live
 ``envs/<env>/env_source.py`` so an unverified hotfix shows as stale on the
 dashboard too. The wire format is docs/dashboard-api.md; the transport policy
-(timeouts, capped retries, fail-fast on a refused connection) is
+(timeouts, capped retries, one retry of a refused connection) is
 :mod:`rootstock.ops.http_client`.
 
 Nothing here writes the local manifest: a push only ever reads it, so a failed push
