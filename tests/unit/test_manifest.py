@@ -74,7 +74,7 @@ def test_round_trip_of_every_record(layout: InstallLayout) -> None:
     )
     on_disk = json.loads(layout.manifest_file.read_text())
     assert on_disk == load_manifest(layout)
-    assert on_disk["schema_version"] == 1
+    assert on_disk["schema_version"] == MANIFEST_VERSION
     assert on_disk["clusters"] == ["della"]
     assert on_disk["written_by"].startswith("rootstock ")
     assert on_disk["updated_at"].endswith("+00:00")
@@ -162,7 +162,7 @@ def test_v0_manifest_is_migrated_on_read_and_written_on_next_update(
     original = layout.manifest_file.read_bytes()
     data = load_manifest(layout)
     assert layout.manifest_file.read_bytes() == original  # reading never writes
-    assert data["schema_version"] == 1 and data["clusters"] == ["della"]
+    assert data["schema_version"] == MANIFEST_VERSION and data["clusters"] == ["della"]
     env = data["envs"]["mace"]
     assert (env["python"], env["torch"], env["lock_hash"]) == ("3.11", "2.2.0", None)
     small = env["checkpoints"]["small"]
@@ -173,7 +173,7 @@ def test_v0_manifest_is_migrated_on_read_and_written_on_next_update(
     assert (large["state"], large["message"]) == ("failed", "CUDA OOM")
     assert env["checkpoints"]["never"] == {"fetched_at": None, "verifications": {}}
     update_manifest(layout, lambda d: None)
-    assert json.loads(layout.manifest_file.read_text())["schema_version"] == 1
+    assert json.loads(layout.manifest_file.read_text())["schema_version"] == MANIFEST_VERSION
 
 
 def test_migrations_chain_through_every_registered_step(

@@ -87,7 +87,13 @@ class VerifyOutcome:
 
     def record(self, build: dict[str, Any]) -> dict[str, Any]:
         """The ``result`` dict that :func:`manifest.record_verification` takes."""
-        result: dict[str, Any] = {"passed": self.passed, "device": self.device, "build": build}
+        result: dict[str, Any] = {
+            "passed": self.passed,
+            "device": self.device,
+            "build": build,
+            # The reference a pass is compared with is the one for these kwargs.
+            "kwargs": self.kwargs,
+        }
         if self.fingerprint is not None:
             result["fingerprint"] = self.fingerprint
         if self.message:

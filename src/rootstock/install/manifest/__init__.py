@@ -10,7 +10,7 @@ Treated like a small database (the schema is documented in ``docs/manifest.md``)
   record, after the slow work is done (:mod:`.records`);
 * the displayed state of a checkpoint (``stale`` included) is derived on read,
   never stored (:mod:`.state`), and re-verifications are compared with the accepted
-  reference fingerprint (:mod:`.fingerprints`).
+  reference fingerprint for the same setup kwargs (:mod:`.fingerprints`).
 
 Import the API from here; the submodules are the implementation.
 """
@@ -22,8 +22,10 @@ from rootstock.install.manifest.fingerprints import (
     FingerprintComparison,
     FingerprintTolerance,
     QuantityDrift,
+    canonical_kwargs,
     compare_fingerprints,
     device_kind,
+    kwargs_key,
 )
 from rootstock.install.manifest.records import (
     forget_env,
@@ -73,12 +75,14 @@ __all__ = [
     "Manifest",
     "ManifestInit",
     "QuantityDrift",
+    "canonical_kwargs",
     "checkpoint_state",
     "cluster_view",
     "compare_fingerprints",
     "device_kind",
     "ensure_manifest",
     "forget_env",
+    "kwargs_key",
     "load_manifest",
     "manifest_lock_path",
     "new_manifest",

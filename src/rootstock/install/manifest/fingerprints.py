@@ -4,7 +4,9 @@ A fingerprint is the small summary of one forward pass on the reference structur
 that the manifest keeps: energy per atom, the norm of the force array and the six
 Voigt stress components, plus the device kind and versions it ran with. Comparing a
 new fingerprint with the accepted *reference* is how a rebuild or ``--upgrade`` that
-silently changed the physics is noticed (the ``drifted`` state).
+silently changed the physics is noticed (the ``drifted`` state). References are
+filed by cluster, device kind and setup kwargs (:func:`kwargs_key`), so a pass is
+only ever compared with one that ran the same model the same way.
 
 The test is relative to the magnitude, with a small absolute floor per quantity::
 
@@ -22,9 +24,14 @@ Stdlib only: ``status`` imports this and must stay fast.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+# The references key of a v1 reference, set before records said which setup kwargs
+# a pass ran with. Every real key is a JSON object's text, so it cannot clash.
+UNRECORDED_KWARGS = "unrecorded"
 
 NUMERIC_QUANTITIES = ("energy_per_atom", "force_norm", "stress")
 _UNITS = {"energy_per_atom": "eV/atom", "force_norm": "eV/Å", "stress": "eV/Å³"}
@@ -80,6 +87,25 @@ def device_kind(device: str) -> str:
     if base == "xpu":
         return "xpu"
     return base or "cpu"
+
+
+def canonical_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``kwargs`` as the manifest stores them: JSON types, keys sorted.
+
+    A value JSON cannot hold (a tuple, a path) is stored as JSON makes it (a list)
+    or, failing that, as its ``str``, so the stored form is always loadable.
+    """
+    return json.loads(kwargs_key(kwargs))
+
+
+def kwargs_key(kwargs: dict[str, Any] | None) -> str:
+    """The key a reference fingerprint is filed under: the setup kwargs as compact JSON.
+
+    Two passes are compared only when they ran with the same kwargs (a different
+    ``modal=`` or ``head=`` is a different model, not a drift); ``{}`` and None are
+    the same: no kwargs.
+    """
+    return json.dumps(kwargs or {}, sort_keys=True, separators=(",", ":"), default=str)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,11 @@ Version 0 is a manifest without ``schema_version``: the draft layout written bef
 versioning. It named a single ``cluster`` and kept one flat verification per
 checkpoint (``verified_at``, ``device``, ``error``) with no record of the env build
 it was verified against.
+
+Version 1 kept one ``reference`` fingerprint per cluster and device kind, whatever
+setup kwargs set it, so a pass with other kwargs (``add --kwarg modal=R2SCAN``, then
+a smoke-test with ``VERIFY_KWARGS``) read as drifted. Version 2 files references by
+their kwargs too (``references``) and records the kwargs of each pass (``kwargs``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rootstock.install.manifest.fingerprints import device_kind
+from rootstock.install.manifest.fingerprints import UNRECORDED_KWARGS, device_kind
 
 Manifest = dict[str, Any]
 
@@ -120,4 +125,31 @@ def _v0_checkpoint(old: dict[str, Any], clusters: list[str]) -> dict[str, Any]:
     return {"fetched_at": fetched_at, "verifications": verifications}
 
 
-MIGRATIONS: dict[int, Callable[[Manifest], Manifest]] = {0: _v0_to_v1}
+def _v1_to_v2(old: Manifest) -> Manifest:
+    """v1 -> v2: references filed by setup kwargs; each record says its kwargs.
+
+    A v1 record never said which kwargs its pass or its reference ran with, so its
+    ``kwargs`` becomes None (unknown) and its reference is filed under
+    :data:`UNRECORDED_KWARGS`, for the next pass to adopt (see ``record_verification``).
+    """
+    for env in _objects(old.get("envs")):
+        for entry in _objects(env.get("checkpoints")):
+            for by_kind in _objects(entry.get("verifications")):
+                for record in _objects(by_kind):
+                    reference = record.get("reference")
+                    record.setdefault("kwargs", None)
+                    record["references"] = (
+                        {UNRECORDED_KWARGS: reference} if isinstance(reference, dict) else {}
+                    )
+    old["schema_version"] = 2
+    return old
+
+
+def _objects(mapping: Any) -> list[dict[str, Any]]:
+    """The dict values of ``mapping`` (none when it is not a dict): shape checks come later."""
+    if not isinstance(mapping, dict):
+        return []
+    return [value for value in mapping.values() if isinstance(value, dict)]
+
+
+MIGRATIONS: dict[int, Callable[[Manifest], Manifest]] = {0: _v0_to_v1, 1: _v1_to_v2}

@@ -15,9 +15,12 @@ from typing import Any
 
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest.fingerprints import (
+    UNRECORDED_KWARGS,
     FingerprintTolerance,
+    canonical_kwargs,
     compare_fingerprints,
     device_kind,
+    kwargs_key,
 )
 from rootstock.install.manifest.schema import (
     BUILD_REF_FIELDS,
@@ -103,7 +106,8 @@ def record_verification(
     ``result`` keys: ``passed`` (bool, required); ``device`` (default ``"cpu"``);
     ``device_kind`` (default derived from ``device``); ``fingerprint`` (required
     when passed); ``message`` (why it failed; kept to one line); ``at`` (default
-    now); ``checks`` (the physics checks of :mod:`rootstock.ops.consistency`, stored
+    now); ``kwargs`` (the setup kwargs the pass ran with; default none);
+    ``checks`` (the physics checks of :mod:`rootstock.ops.consistency`, stored
     as given; a failed check arrives as ``passed=False``); ``build`` (the env's
     ``build_id``/``source_hash``/``built_at``/``lock_hash``
     as the worker ran it, captured before it started: ``source_hash`` from the live
@@ -112,9 +116,12 @@ def record_verification(
     the ``build_id`` says a rebuild has happened since), so a hotfix is recorded
     once it has been verified.
 
-    A pass is compared with the reference fingerprint for the same cluster and device
-    kind: within tolerance it is ``verified``, beyond it ``drifted``. The first pass
-    on a device kind sets the reference; ``accept_drift`` replaces it.
+    A pass is compared with the reference fingerprint for the same cluster, device
+    kind and kwargs: within tolerance it is ``verified``, beyond it ``drifted``. The
+    first pass with those kwargs on a device kind sets their reference;
+    ``accept_drift`` replaces it (and no other). A reference migrated from schema 1,
+    which never said its kwargs, is adopted by the first pass that has none of its
+    own, as schema 1 would have compared them.
     """
     if not isinstance(result.get("passed"), bool):
         raise ValueError("result['passed'] must be True or False")
@@ -131,6 +138,11 @@ def record_verification(
         raise ValueError("result['checks'] must be a dict or None")
     build_given = dict(result.get("build") or {})
     cluster_name = normalize_cluster(cluster)
+    kwargs = result.get("kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ValueError("result['kwargs'] must be a dict or None")
+    kwargs = canonical_kwargs(kwargs)
+    key = kwargs_key(kwargs)
 
     def mutate(data: Manifest) -> dict[str, Any]:
         env = _env_entry(data, env_name)
@@ -140,17 +152,26 @@ def record_verification(
         build = {f: build_given.get(f, env.get(f)) for f in BUILD_REF_FIELDS}
         entry = _checkpoint_entry(env, checkpoint)
         by_kind = entry["verifications"].setdefault(cluster_name, {})
-        reference = (by_kind.get(kind) or {}).get("reference")
+        references = copy.deepcopy((by_kind.get(kind) or {}).get("references") or {})
+        reference = references.get(key)
+        unrecorded = reference is None and UNRECORDED_KWARGS in references
+        if unrecorded:
+            reference = references[UNRECORDED_KWARGS]
         state, drift, note = "failed", None, message
         if passed:
+            if unrecorded:
+                # Only a pass adopts it, so a failure leaves it for the next pass.
+                del references[UNRECORDED_KWARGS]
             if reference is None or accept_drift:
-                reference = {"fingerprint": fingerprint, "at": at, "build": build}
+                reference = {"fingerprint": fingerprint, "at": at, "build": build, "kwargs": kwargs}
                 state = "verified"
             else:
                 comparison = compare_fingerprints(reference["fingerprint"], fingerprint, tolerance)
                 state = "verified" if comparison.within else "drifted"
                 if not comparison.within:
                     drift, note = comparison.to_dict(), one_line(comparison.message)
+            reference.setdefault("kwargs", kwargs)
+            references[key] = reference
             if entry.get("fetched_at") is None:
                 entry["fetched_at"] = at  # a pass proves the weights are in the cache
         record = {
@@ -159,8 +180,12 @@ def record_verification(
             "device": device,
             "device_kind": kind,
             "message": note,
+            "kwargs": kwargs,
             "fingerprint": fingerprint if passed else None,
+            # The reference this pass was judged against (its kwargs' own), and every
+            # kwargs' reference on this cluster and kind, kept through failures.
             "reference": reference,
+            "references": references,
             "drift": drift,
             # None when nothing could be checked; records from before checks lack it.
             "checks": copy.deepcopy(checks),

@@ -16,7 +16,7 @@ from typing import Any
 from rootstock.errors import ManifestError, UsageError
 from rootstock.install.manifest.migrations import migrate, schema_version_of
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 VERIFICATION_STATES = ("verified", "failed", "drifted")
 ENV_BUILD_FIELDS = (
     "build_id",
