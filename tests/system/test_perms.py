@@ -287,6 +287,49 @@ def test_outsider_computes_through_rootstock_calculator(install: Path, base: Pat
     assert result["force_error"] < 1e-10
 
 
+# Every command that only shows state, as the outsider runs it: none may need write
+# access to the install (status used to take an env's lock to test it).
+ROOT = "{root}"
+READ_ONLY_COMMANDS = (
+    ("status", "--root", ROOT),
+    ("status", "--json", "--root", ROOT),
+    ("status", "--sizes", "--json", "--root", ROOT),
+    ("list", "--root", ROOT),
+    ("list", "--json", "--root", ROOT),
+    ("resolve", "--json", "--root", ROOT),
+    ("manifest", "show", "--root", ROOT),
+    ("manifest", "show", "--json", "--root", ROOT),
+    ("usage", "report", "--json", "--root", ROOT),
+    ("check-perms", ROOT, "--json"),
+    ("benchmark", "emt", "--device", "cpu", "--system", "Cu:4", "--calls", "2", "--warmup", "0",
+     "--root", ROOT),
+)  # fmt: skip
+
+
+def test_outsider_runs_every_read_only_command(install: Path, client_python: str):
+    for command in READ_ONLY_COMMANDS:
+        argv = [str(install) if arg == ROOT else arg for arg in command]
+        proc = rootstock_as(OUTSIDER, client_python, *argv, check=False)
+        said = f"{' '.join(argv)} ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        assert proc.returncode == 0, said
+        assert "Permission denied" not in proc.stderr and "Traceback" not in proc.stderr, said
+    args = ("status", "--json", "--root", install)
+    doc = json.loads(rootstock_as(OUTSIDER, client_python, *args).stdout)
+    (emt,) = [env for env in doc["envs"] if env["name"] == "emt"]
+    assert emt["state"] == "built"
+    assert emt["checkpoints"][0]["states"]["testbox"]["state"] == "verified"
+
+
+def test_outsider_sees_a_build_in_progress(install: Path, client_python: str):
+    from rootstock.install.locking import FileLock
+
+    # Held here, as an install holds it; the outsider's probe must still see it.
+    with FileLock(install / ".locks" / "env-emt.lock", timeout=10):
+        args = ("status", "--json", "--root", install)
+        doc = json.loads(rootstock_as(OUTSIDER, client_python, *args).stdout)
+    assert [env["state"] for env in doc["envs"] if env["name"] == "emt"] == ["building"]
+
+
 # --- planted violations: each tool catches each kind ----------------------------------
 
 

@@ -157,16 +157,39 @@ class FileLock:
 
 
 def is_locked(path: Path) -> bool:
-    """True when another process holds the lock on ``path`` right now."""
-    if not Path(path).exists() and not Path(str(path) + ".d").exists():
-        return False
-    if _process_lock(Path(path)).locked():
+    """True when another process holds the lock on ``path`` right now.
+
+    Read-only, so ``status`` works for a user who may not write the install: the
+    lock file is opened for reading (never created) and probed with a *shared*
+    record lock, which an exclusive holder refuses and which needs no write
+    access. A lock file this user cannot open at all reads as not held: the
+    probe is a hint for display, and guessing "held" would show every env of an
+    unreadable install as ``building``.
+    """
+    path = Path(path)
+    if _process_lock(path).locked():
         return True
-    probe = FileLock(path, timeout=0)
-    if probe.acquire(blocking=False):
-        probe.release()
-        return False
-    return True
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return _dir_lock_is_held(path)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in _UNSUPPORTED:
+            return _dir_lock_is_held(path)
+        return exc.errno in (errno.EACCES, errno.EAGAIN)
+    finally:
+        # Closing drops the probe's shared lock (and only this process's locks,
+        # of which there are none on this file: the thread-lock check above).
+        os.close(fd)
+    return False
+
+
+def _dir_lock_is_held(path: Path) -> bool:
+    """The ``mkdir`` fallback's answer, without breaking a stale lock (read-only)."""
+    lock_dir = path.with_name(path.name + ".d")
+    return lock_dir.exists() and not _dir_lock_is_stale(lock_dir)
 
 
 def _dir_lock_is_stale(lock_dir: Path) -> bool:
