@@ -48,7 +48,7 @@ def setup_perms(
     or run yourself). Run it once, as the maintainer, before `rootstock init`.
     """
     from rootstock.errors import UsageError
-    from rootstock.ops.perms import apply_setup, plan_setup, resolve_for_perms
+    from rootstock.ops.perms import apply_setup, plan_setup, require_tools, resolve_for_perms
 
     layout = resolve_for_perms(root_arg, cluster, cache_root)
     recipe = plan_setup(layout, group, retrofit, usage_dir, no_usage_spool)
@@ -57,14 +57,15 @@ def setup_perms(
         click.echo(f"group {group}: dry run; --apply runs these commands in this order")
         click.echo(recipe.script(), nl=False)
         return
+    if not yes and not sys.stdin.isatty():
+        raise UsageError(
+            "--apply asks for confirmation, and standard input is not a terminal",
+            hint="review the dry run (omit --apply), then pass --apply --yes",
+        )
+    require_tools(recipe)  # before the notes, which would say the same thing twice
     for note in recipe.notes:
         click.echo(f"note: {note}", err=True)
     if not yes:
-        if not sys.stdin.isatty():
-            raise UsageError(
-                "--apply asks for confirmation, and standard input is not a terminal",
-                hint="review the dry run (omit --apply), then pass --apply --yes",
-            )
         click.echo(recipe.script(), nl=False, err=True)
         click.confirm(f"Run these {len(recipe.commands)} commands?", default=False, abort=True)
     result = apply_setup(
@@ -110,8 +111,7 @@ def check_perms(root_arg, cluster, cache_root, group, as_json):
         click.echo(f"cache root:  {report.cache_root}")
         if group:
             click.echo(f"group:       {group}")
-        target = f" -> {spool['target']}" if spool.get("target") else ""
-        click.echo(f"usage spool: {spool.get('path')}{target} ({spool.get('state')})")
+        click.echo(f"usage spool: {_spool_line(spool, report.cache_root)}")
         if report.ok:
             click.echo(f"ok: {report.checked} paths checked, no problems")
         else:
@@ -143,6 +143,14 @@ def warn_about_perms(layout) -> None:
         f"  or apply the whole recipe: rootstock setup-perms {layout.root} --group GROUP --apply",
         err=True,
     )
+
+
+def _spool_line(spool: dict, cache_root) -> str:
+    """``PATH [-> TARGET] (STATE)``, or why the spool was not looked at."""
+    if spool.get("state") == "unchecked":
+        return f"not checked: the cache root {cache_root} does not exist"
+    target = f" -> {spool['target']}" if spool.get("target") else ""
+    return f"{spool.get('path')}{target} ({spool.get('state')})"
 
 
 def _print_problems(problems, err: bool = True) -> None:

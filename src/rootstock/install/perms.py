@@ -27,6 +27,7 @@ from __future__ import annotations
 import grp
 import os
 import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,14 @@ SPOOL_MODE = "1777"  # sticky and world-writable, like /tmp
 
 class PermsError(RootstockError):
     """The recipe cannot be built for these paths (e.g. a populated spool in the way)."""
+
+
+class PermToolMissing(PermsError):
+    """A program the recipe runs (``setfacl``, most often) is not installed here."""
+
+
+# Where each program of the recipe comes from, for the message when one is missing.
+_PACKAGES = {"setfacl": "acl", "getfacl": "acl", "find": "findutils"}
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,52 @@ def validate_group(group: str) -> int:
             f"there is no group {group!r} on this machine",
             hint="pass your project group (`id -Gn` lists yours)",
         ) from None
+
+
+def recipe_programs(commands: tuple[PermCommand, ...]) -> list[str]:
+    """Every program the commands start, ``find -exec``'s included, in first-use order."""
+    programs = []
+    for command in commands:
+        argv = command.argv
+        programs.append(argv[0])
+        programs += [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "-exec"]
+    return list(dict.fromkeys(programs))
+
+
+def missing_programs(commands: tuple[PermCommand, ...], path: str | None = None) -> list[str]:
+    """The programs of ``commands`` that ``PATH`` (or ``path``) does not hold."""
+    return [p for p in recipe_programs(commands) if shutil.which(p, path=path) is None]
+
+
+def missing_tools_error(missing: list[str]) -> PermToolMissing:
+    """The error for programs that are not installed: which, and which package has them."""
+    verb = "is" if len(missing) == 1 else "are"
+    return PermToolMissing(
+        f"setup-perms needs {_with_packages(missing)}, which {verb} not installed here "
+        "(not on PATH); nothing was changed",
+        hint=f"{_install_hint(missing)}, then run setup-perms again",
+    )
+
+
+def missing_tools_note(missing: list[str]) -> str:
+    """The dry run's note for the same: the script it prints would stop there."""
+    verb = "is" if len(missing) == 1 else "are"
+    return (
+        f"{_with_packages(missing)} {verb} not installed here (not on PATH): "
+        f"{_install_hint(missing)} before running these commands"
+    )
+
+
+def _with_packages(missing: list[str]) -> str:
+    return ", ".join(f"{p} (package {_PACKAGES.get(p, 'coreutils')})" for p in missing)
+
+
+def _install_hint(missing: list[str]) -> str:
+    names = " ".join(dict.fromkeys(_PACKAGES.get(p, "coreutils") for p in missing))
+    return (
+        f"install it (Debian/Ubuntu: `sudo apt install {names}`; RHEL/Fedora: "
+        f"`sudo dnf install {names}`), or ask your sysadmin"
+    )
 
 
 def build_recipe(

@@ -82,6 +82,8 @@ def check_perms(layout: InstallLayout, group: str | None = None, full: bool = Tr
     """Check ``layout`` against the shared-install contract; read-only."""
     gid = validate_group(group) if group else None
     check = _Checker(PermReport(layout.root, layout.cache_root, group), group, gid)
+    # Replaced by _check_spool; left as is when there is no cache root to look in.
+    check.report.spool = {"path": str(layout.usage_dir), "target": None, "state": "unchecked"}
     roots = [layout.root, layout.cache_root] if layout.cache_root != layout.root else [layout.root]
     if full:
         for root in roots:
@@ -142,7 +144,14 @@ class _Checker:
         st = self.stat(path)
         if st is None:
             if required:
-                self.add("missing", path, "does not exist", "run `rootstock setup-perms` first")
+                group = self.group or "GROUP"
+                self.add(
+                    "missing",
+                    path,
+                    "does not exist",
+                    f"`rootstock setup-perms {self.report.root} --group {group} --apply` "
+                    "creates the roots, before `rootstock init`",
+                )
             return
         if not stat.S_ISDIR(st.st_mode):
             self.add("missing", path, "is not a directory", "remove it or choose another root")

@@ -5,12 +5,19 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rootstock.errors import LayoutError
 from rootstock.install.layout import InstallLayout, resolve_cache_root, resolve_root
-from rootstock.install.perms import PermCommand, PermRecipe, build_recipe
+from rootstock.install.perms import (
+    PermCommand,
+    PermRecipe,
+    build_recipe,
+    missing_programs,
+    missing_tools_error,
+    missing_tools_note,
+)
 from rootstock.install.perms_check import PermReport, check_perms
 
 _OUTPUT_TAIL = 4000
@@ -73,8 +80,23 @@ def plan_setup(
     usage_dir: str | None = None,
     no_usage_spool: bool = False,
 ) -> PermRecipe:
-    """The recipe for ``layout``; nothing is changed."""
-    return build_recipe(layout, group, retrofit, usage_dir, no_usage_spool)
+    """The recipe for ``layout``; nothing is changed.
+
+    A program the recipe needs and this machine lacks becomes a note, so the dry
+    run says so before anyone saves the script and runs it.
+    """
+    recipe = build_recipe(layout, group, retrofit, usage_dir, no_usage_spool)
+    missing = missing_programs(recipe.commands)
+    if missing:
+        recipe = replace(recipe, notes=(*recipe.notes, missing_tools_note(missing)))
+    return recipe
+
+
+def require_tools(recipe: PermRecipe) -> None:
+    """Raise :class:`~rootstock.install.perms.PermToolMissing` unless PATH has every program."""
+    missing = missing_programs(recipe.commands)
+    if missing:
+        raise missing_tools_error(missing)
 
 
 def run_perm_command(command: PermCommand) -> CommandRun:
@@ -91,8 +113,9 @@ def run_perm_command(command: PermCommand) -> CommandRun:
             check=False,
         )
     except OSError as exc:
-        # A missing setfacl (the acl package) is the common case here.
-        return CommandRun(command, 127, f"{command.argv[0]}: {exc.strerror}")
+        # apply_setup checked PATH up front; this is a program removed since.
+        hint = missing_tools_error([command.argv[0]]).hint
+        return CommandRun(command, 127, f"{command.argv[0]}: {exc.strerror} ({hint})")
     return CommandRun(command, proc.returncode, proc.stdout[-_OUTPUT_TAIL:])
 
 
@@ -105,8 +128,11 @@ def apply_setup(
     """Run the recipe in order, stop at the first failure, then check the result.
 
     The commands run with umask 002, so whatever ``mkdir -p`` creates above the
-    roots is world-traversable.
+    roots is world-traversable. A program missing from ``PATH`` (``setfacl``, from
+    the ``acl`` package) raises :class:`~rootstock.install.perms.PermToolMissing`
+    before the first command, rather than half-applying the recipe.
     """
+    require_tools(recipe)
     result = SetupResult(recipe)
     previous = os.umask(0o002)
     try:
