@@ -5,15 +5,22 @@ rename of the ``envs/<name>`` symlink, so users keep spawning workers from the o
 env for the whole build and a failed build leaves the old env untouched. The
 previous build is kept one generation, because workers already running from it
 may still import lazily from its files.
+
+Each build in ``.build/`` has an owner record naming its host and pid, so the
+next install can sweep the staging of builds that were killed (see
+:func:`claim_stale_staging`) without touching one that is still running.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
 import shutil
+import socket
+import subprocess
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,7 +33,9 @@ from rootstock.install.envfile import EnvFile, source_hash
 from rootstock.install.envs import ENV_METADATA
 from rootstock.install.interpreters import Interpreter
 from rootstock.install.layout import InstallLayout
-from rootstock.install.uv import run_uv, uv_binary
+from rootstock.install.locking import FileLock
+from rootstock.install.supervise import process_alive, process_start_time, run_supervised
+from rootstock.install.uv import run_uv, uv_binary, uv_environment
 from rootstock.install.vendor import vendor_wheel
 
 _PEP723_BLOCK = re.compile(r"(?m)^# /// script$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
@@ -44,6 +53,14 @@ _VERSIONS_PROBE = (
 )
 # uv will not combine these with a pylock.toml; the lock already holds the constraints.
 _REFUSED_WITH_PYLOCK = ("UV_CONSTRAINT", "UV_OVERRIDE")
+#: ``.build/<env>.<build-id>`` is the staging venv; these name its companions.
+OWNER_SUFFIX = ".owner.json"
+WORK_SUFFIX = ".work"
+#: Entries an interrupted sweep had claimed but not yet deleted.
+SWEPT_PREFIX = ".swept-"
+#: Another host's build (its pid cannot be checked from here), or one with no owner
+#: record, is taken as dead once its owner record or files are this old.
+FOREIGN_BUILD_STALE_S = 24 * 3600
 
 
 @dataclass
@@ -65,6 +82,15 @@ class BuildResult:
     lock_text: str | None
     metadata: dict
     warnings: list[str]
+    owner: Path | None = None
+
+
+def root_lock(layout: InstallLayout, timeout: float = 120.0) -> FileLock:
+    """The root-wide lock: registration, the staging sweep, each build's owner record.
+
+    Held for seconds, never for a build.
+    """
+    return FileLock(layout.locks_dir / "root.lock", timeout=timeout, what="install-root lock")
 
 
 def collect_constraints(options: BuildOptions) -> list[str]:
@@ -174,21 +200,41 @@ def build_env(
     previous_lock: str | None,
     step: Reporter,
 ) -> BuildResult:
-    """Build ``env`` into a fresh staging directory under ``{root}/.build/``."""
+    """Build ``env`` into a fresh staging directory under ``{root}/.build/``.
+
+    The result's staging directory and owner record stay until :func:`activate`
+    moves it into ``envs/`` or :func:`discard_build` drops it.
+    """
     layout.build_dir.mkdir(parents=True, exist_ok=True)
     build_id = f"{int(time.time())}-{secrets.token_hex(3)}"
     staging = layout.build_dir / f"{env.name}.{build_id}"
-    work = layout.build_dir / f"{staging.name}.work"
-    work.mkdir()
+    work = layout.build_dir / f"{staging.name}{WORK_SUFFIX}"
+    # The owner record comes first, so no moment has staging that looks abandoned,
+    # and under the lock the sweep holds, so no sweep sees one half written.
+    owner = layout.build_dir / f"{staging.name}{OWNER_SUFFIX}"
+    with root_lock(layout):
+        atomic_write_json(owner, _owner_record(env.name))
+
+    def beat(message: str) -> None:
+        # Each step refreshes the record, which is how another host tells a slow
+        # build from a dead one.
+        with contextlib.suppress(OSError):
+            os.utime(owner)
+        step(message)
+
     try:
-        return _build_into(
-            layout, env, interpreter, options, previous_lock, step, staging, work, build_id
+        work.mkdir()
+        result = _build_into(
+            layout, env, interpreter, options, previous_lock, beat, staging, work, build_id
         )
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        owner.unlink(missing_ok=True)
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    result.owner = owner
+    return result
 
 
 def _build_into(layout, env, interpreter, options, previous_lock, step, staging, work, build_id):
@@ -307,27 +353,13 @@ def _close_world_writable_locks(env_dir: Path) -> None:
 
 
 def _probe_versions(layout: InstallLayout, staging: Path, name: str) -> dict:
-    import subprocess
-
-    from rootstock.install.uv import uv_environment
-
+    python, source = staging / "bin" / "python", staging / "env_source.py"
+    cmd = [str(python), "-I", "-c", _VERSIONS_PROBE, str(source)]
     try:
-        out = subprocess.run(
-            [
-                str(staging / "bin" / "python"),
-                "-I",
-                "-c",
-                _VERSIONS_PROBE,
-                str(staging / "env_source.py"),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=True,
-            env=uv_environment(layout),
-            stdin=subprocess.DEVNULL,
-        ).stdout
-        return json.loads(out.strip().splitlines()[-1])
+        proc = run_supervised(cmd, env=uv_environment(layout), timeout=120)
+        if proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError, OSError) as exc:
         output = getattr(exc, "stderr", "") or ""
         raise BuildError(
@@ -338,14 +370,100 @@ def _probe_versions(layout: InstallLayout, staging: Path, name: str) -> dict:
 
 
 def _uv_version() -> str | None:
-    import subprocess
-
     try:
-        return subprocess.run(
-            [uv_binary(), "--version"], capture_output=True, text=True, timeout=30
-        ).stdout.split()[1]
+        return run_supervised([uv_binary(), "--version"], timeout=30).stdout.split()[1]
     except (OSError, subprocess.SubprocessError, IndexError):
         return None
+
+
+def _owner_record(name: str) -> dict:
+    return {
+        "env": name,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_start": process_start_time(os.getpid()),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _build_is_live(build_dir: Path, base: str, members: list[Path]) -> bool:
+    owner_file = build_dir / f"{base}{OWNER_SUFFIX}"
+    try:
+        owner = json.loads(owner_file.read_text())
+        age = time.time() - owner_file.stat().st_mtime
+        if not isinstance(owner, dict):
+            raise ValueError(owner_file)
+    except (OSError, ValueError):
+        if all(_is_temp_file(m.name) for m in members):
+            return False  # a record's write cut short (see build_env): nothing else exists
+        # No record: an older client's build, judged by age.
+        ages = []
+        for member in members:
+            with contextlib.suppress(OSError):
+                ages.append(time.time() - member.lstat().st_mtime)
+        return bool(ages) and min(ages) < FOREIGN_BUILD_STALE_S
+    if owner.get("host") == socket.gethostname():
+        pid = owner.get("pid")
+        return isinstance(pid, int) and process_alive(pid, owner.get("pid_start"))
+    return age < FOREIGN_BUILD_STALE_S
+
+
+def _is_temp_file(entry: str) -> bool:
+    return entry.startswith(".") and ".tmp-" in entry  # named by atomic_write_bytes
+
+
+def _build_base(entry: str) -> str:
+    """The staging name an entry of ``.build/`` belongs to."""
+    if _is_temp_file(entry):
+        entry = entry[1 : entry.rindex(".tmp-")]
+    for suffix in (OWNER_SUFFIX, WORK_SUFFIX):
+        entry = entry.removesuffix(suffix)
+    return entry
+
+
+def claim_stale_staging(layout: InstallLayout) -> list[Path]:
+    """Move the ``.build/`` entries of builds that are over out of the way.
+
+    Call it under the root lock; it only renames (quick), and returns the claimed
+    paths for :func:`remove_claimed` to delete after the lock is released. A build
+    is over when its owner record names this host and a pid that is gone (or reused),
+    or another host and has not been refreshed for :data:`FOREIGN_BUILD_STALE_S`.
+    """
+    try:
+        entries = list(layout.build_dir.iterdir())
+    except OSError:
+        return []
+    claimed = [e for e in entries if e.name.startswith(SWEPT_PREFIX)]
+    groups: dict[str, list[Path]] = {}
+    for entry in entries:
+        if not entry.name.startswith(SWEPT_PREFIX):
+            groups.setdefault(_build_base(entry.name), []).append(entry)
+    for base, members in groups.items():
+        if _build_is_live(layout.build_dir, base, members):
+            continue
+        # The owner record goes last, so a sweep cut short still finds the rest dead.
+        for member in sorted(members, key=lambda m: m.name.endswith(OWNER_SUFFIX)):
+            target = member.with_name(f"{SWEPT_PREFIX}{secrets.token_hex(4)}-{member.name}")
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(member, target)
+                claimed.append(target)
+    return claimed
+
+
+def remove_claimed(paths: list[Path]) -> None:
+    """Delete what :func:`claim_stale_staging` claimed (outside the root lock)."""
+    for path in paths:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def discard_build(result: BuildResult) -> None:
+    """Drop a build's owner record, and its staging if :func:`activate` never moved it."""
+    shutil.rmtree(result.staging, ignore_errors=True)
+    if result.owner is not None:
+        result.owner.unlink(missing_ok=True)
 
 
 def activate(layout: InstallLayout, result: BuildResult) -> Path:

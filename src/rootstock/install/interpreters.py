@@ -4,7 +4,8 @@ uv-managed Pythons under ``{root}/.python`` come first, but ``uv python install`
 downloads from a host that many clusters (and air-gapped test machines) cannot
 reach. Then the build falls back to a local interpreter that satisfies the env's
 ``requires-python``, preferring one every user can execute: an env built on a
-Python under a private home directory is unusable by everyone else.
+Python under a private home directory is unusable by everyone else. Probes and
+downloads run under the build supervisor, like every subprocess of a build.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from packaging.version import Version
 
 from rootstock.errors import BuildError, EnvFileError
 from rootstock.install.layout import InstallLayout
+from rootstock.install.supervise import run_supervised
 from rootstock.install.uv import run_uv
 
 _DOWNLOAD_FAILED_MARKER = ".downloads-unavailable.json"
@@ -74,15 +76,10 @@ def world_usable(path: Path) -> bool:
 def probe_interpreter(path: str | Path, source: str) -> Interpreter | None:
     """Ask ``path`` what it is; None if it is not a working CPython."""
     try:
-        out = subprocess.run(
-            [str(path), "-I", "-c", _PROBE],
-            capture_output=True,
-            text=True,
-            timeout=15,
-            stdin=subprocess.DEVNULL,
-            check=True,
-        ).stdout
-        executable, version, impl = json.loads(out.strip().splitlines()[-1])
+        proc = run_supervised([str(path), "-I", "-c", _PROBE], timeout=15)
+        if proc.returncode != 0:
+            return None
+        executable, version, impl = json.loads(proc.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
     if impl != "cpython":

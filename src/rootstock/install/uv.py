@@ -5,6 +5,8 @@ PYTHONPATH, no user site, no active venv), points uv's cache and managed Pythons
 into the install root, redirects HOME and the XDG/HF caches into the cache root,
 and relays uv's output when it fails. uv's own settings (``UV_INDEX_URL``,
 ``UV_FIND_LINKS``, ``UV_CONSTRAINT``, a user ``uv.toml``) pass through untouched.
+uv runs under the build supervisor (:mod:`rootstock.install.supervise`), so uv and
+everything it spawns die with the ``rootstock`` process, and a timeout ends them all.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from rootstock.errors import BuildError
 from rootstock.install.layout import InstallLayout
+from rootstock.install.supervise import run_supervised
 
 log = logging.getLogger("rootstock.build")
 
@@ -94,16 +97,13 @@ def run_uv(
         env.pop(key, None)
     log.debug("running %s", " ".join(cmd))
     try:
-        proc = subprocess.run(
+        proc = run_supervised(
             cmd,
             env=env,
             cwd=cwd,
-            stdin=subprocess.DEVNULL,
             stdout=None if verbose else subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            text=True,
             timeout=timeout,
-            check=False,
         )
     except subprocess.TimeoutExpired as exc:
         output = exc.output if isinstance(exc.output, str) else ""

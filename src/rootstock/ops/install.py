@@ -11,7 +11,15 @@ from pathlib import Path
 from rootstock.errors import EnvFileError, EnvNotFound, LockTimeout, RootstockError
 from rootstock.install import Reporter
 from rootstock.install.atomic import atomic_write_text
-from rootstock.install.build import BuildOptions, activate, build_env
+from rootstock.install.build import (
+    BuildOptions,
+    activate,
+    build_env,
+    claim_stale_staging,
+    discard_build,
+    remove_claimed,
+    root_lock,
+)
 from rootstock.install.envfile import EnvFile, id_conflicts, read_env_file
 from rootstock.install.envs import installed_env_names, load_installed_envs, read_env_metadata
 from rootstock.install.interpreters import (
@@ -57,11 +65,6 @@ def maintainer_umask() -> Iterator[None]:
         yield
     finally:
         os.umask(previous)
-
-
-def root_lock(layout: InstallLayout, timeout: float = 120.0) -> FileLock:
-    """The root-wide registration lock (held for seconds, never for a build)."""
-    return FileLock(layout.locks_dir / "root.lock", timeout=timeout, what="install-root lock")
 
 
 def expand_targets(layout: InstallLayout | None, target: str) -> list[Path]:
@@ -114,6 +117,7 @@ def install(
     outcomes: list[InstallOutcome] = []
     with maintainer_umask():
         _prepare_root(layout, cluster)
+        sweep_stale_staging(layout)
         for path in paths:
             try:
                 outcomes.append(install_one(layout, path, force, options, python, step))
@@ -199,6 +203,18 @@ def _prepare_root(layout: InstallLayout, cluster: str | None) -> None:
         ensure_manifest(layout, [cluster or suggest_cluster(layout.root)])
 
 
+def sweep_stale_staging(layout: InstallLayout) -> list[Path]:
+    """Remove the ``.build/`` leftovers of killed builds; return the paths removed.
+
+    The claim runs under the root lock, so two installs never judge the same entry
+    at once; the slow deletion runs after it is released.
+    """
+    with root_lock(layout):
+        claimed = claim_stale_staging(layout)
+    remove_claimed(claimed)
+    return claimed
+
+
 def install_one(
     layout: InstallLayout,
     path: Path,
@@ -244,13 +260,17 @@ def install_one(
             layout, env, choice[0], options, previous_lock, lambda msg: step(f"{name}: {msg}")
         )
         step(f"{name}: registering")
-        with root_lock(layout):
-            _check_conflicts(layout, env)
-            atomic_write_text(registered, env.source)
-            if result.lock_text is not None:
-                atomic_write_text(lock_file, result.lock_text)
-            activate(layout, result)
-            _record_build(layout, name, result.metadata)
+        try:
+            with root_lock(layout):
+                _check_conflicts(layout, env)
+                atomic_write_text(registered, env.source)
+                if result.lock_text is not None:
+                    atomic_write_text(lock_file, result.lock_text)
+                activate(layout, result)
+                _record_build(layout, name, result.metadata)
+        finally:
+            # A build refused at registration leaves no staging behind either.
+            discard_build(result)
     finally:
         env_lock.release()
     return InstallOutcome(
