@@ -147,6 +147,7 @@ RESOLVE_KEYS = {
     "root",
     "root_source",
     "root_exists",
+    "shadowed",
     "cache_root",
     "cache_root_source",
     "layout_version",
@@ -168,8 +169,10 @@ def test_resolve_json_shape_for_an_initialised_root(tmp_path):
     assert set(doc) == RESOLVE_KEYS
     assert doc == {
         "root": str(root),
-        "root_source": f"config ({tmp_path / 'user' / 'config.toml'})",
+        # --cluster comes before config.toml, which here names the same root
+        "root_source": "cluster registry (a)",
         "root_exists": True,
+        "shadowed": [],
         "cache_root": str(cache),
         "cache_root_source": "layout.json",
         "layout_version": 1,
@@ -196,7 +199,7 @@ def test_resolve_text_output(tmp_path):
 
 def test_resolve_unknown_cluster_fails_cleanly():
     proc = run_rootstock("resolve", "--cluster", "nosuchbox", timeout=60, check=False)
-    assert proc.returncode == 1
+    assert proc.returncode == 2
     assert proc.stderr.startswith("error: unknown cluster 'nosuchbox'; known clusters: ")
 
 

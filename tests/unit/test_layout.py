@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rootstock.errors import ConfigError, LayoutError, RootNotFound, UnknownCluster
+from rootstock.errors import ConfigError, LayoutError, RootNotFound, UsageError
 from rootstock.install.clusters import (
     BUILTIN_CLUSTERS,
     clusters_for_root,
@@ -57,18 +57,24 @@ def test_root_flag_beats_everything(tmp_path, monkeypatch, clean_env):
     assert resolve_root(tmp_path / "flag", cluster="della") == tmp_path / "flag"
 
 
-def test_env_beats_config_and_cluster(tmp_path, monkeypatch, clean_env):
+def test_cluster_beats_env_and_config(tmp_path, monkeypatch, clean_env):
     monkeypatch.setenv("ROOTSTOCK_ROOT", str(tmp_path / "from-env"))
     write_config(clean_env, tmp_path / "from-config")
-    assert resolve_root(None, cluster="della") == tmp_path / "from-env"
+    assert resolve_root(None, cluster="della") == BUILTIN_CLUSTERS["della"].root
 
 
-def test_config_beats_cluster(tmp_path, clean_env):
+def test_env_beats_config(tmp_path, monkeypatch, clean_env):
+    monkeypatch.setenv("ROOTSTOCK_ROOT", str(tmp_path / "from-env"))
     write_config(clean_env, tmp_path / "from-config")
-    assert resolve_root(None, cluster="della") == tmp_path / "from-config"
+    assert resolve_root() == tmp_path / "from-env"
 
 
-def test_cluster_supplies_root_only_when_nothing_else_does():
+def test_config_supplies_root_without_cluster(tmp_path, clean_env):
+    write_config(clean_env, tmp_path / "from-config")
+    assert resolve_root() == tmp_path / "from-config"
+
+
+def test_cluster_supplies_its_registry_root():
     assert resolve_root(None, cluster="della") == BUILTIN_CLUSTERS["della"].root
     assert resolve_root(None, cluster="DELLA") == BUILTIN_CLUSTERS["della"].root
 
@@ -77,11 +83,19 @@ def test_root_and_cluster_together_use_root(tmp_path):
     assert resolve_root(tmp_path, cluster="perlmutter") == tmp_path
 
 
-def test_root_with_unregistered_cluster_resolves(tmp_path):
+def test_root_with_unregistered_cluster_its_manifest_names_resolves(tmp_path):
     # An unregistered shared install picks its variants with root= and cluster=.
+    (tmp_path / "manifest.json").write_text(
+        '{"schema_version": 1, "clusters": ["not-in-any-registry"], "envs": {}}\n'
+    )
     layout = resolve_layout(tmp_path, cluster="not-in-any-registry")
     assert layout.root == tmp_path
     assert layout.cache_root == tmp_path
+
+
+def test_root_with_unregistered_cluster_and_no_manifest_is_refused(tmp_path):
+    with pytest.raises(UsageError, match="unknown cluster 'not-in-any-registry'"):
+        resolve_layout(tmp_path, cluster="not-in-any-registry")
 
 
 def test_relative_and_user_roots_become_absolute(tmp_path, monkeypatch):
@@ -105,7 +119,7 @@ def test_missing_root_is_refused_when_it_must_exist(tmp_path):
 
 
 def test_unknown_cluster_without_root_lists_known_names():
-    with pytest.raises(UnknownCluster) as info:
+    with pytest.raises(UsageError) as info:
         resolve_root(None, cluster="nosuchbox")
     for name in ("della", "delta", "sophia", "polaris", "perlmutter", "aurora"):
         assert name in info.value.message
@@ -213,9 +227,10 @@ def test_explain_names_each_root_source(tmp_path, monkeypatch, clean_env):
     assert explain_resolution(tmp_path)["root_source"] == "--root"
     assert explain_resolution(None, cluster="della")["root_source"] == "cluster registry (della)"
     write_config(clean_env, tmp_path)
-    assert explain_resolution(None, cluster="della")["root_source"].startswith("config (")
+    assert explain_resolution()["root_source"].startswith("config (")
+    assert explain_resolution(None, cluster="della")["root_source"] == "cluster registry (della)"
     monkeypatch.setenv("ROOTSTOCK_ROOT", str(tmp_path))
-    assert explain_resolution(None, cluster="della")["root_source"] == "$ROOTSTOCK_ROOT"
+    assert explain_resolution()["root_source"] == "$ROOTSTOCK_ROOT"
 
 
 def test_explain_reports_override_and_declaration(tmp_path):
@@ -315,7 +330,7 @@ def test_missing_site_file_is_a_config_error(tmp_path, monkeypatch):
 
 def test_unknown_cluster_lists_site_names_too(tmp_path, monkeypatch):
     write_clusters(tmp_path, monkeypatch, f'[clusters.mybox]\nroot = "{tmp_path}"\n')
-    with pytest.raises(UnknownCluster) as info:
+    with pytest.raises(UsageError) as info:
         get_cluster("elsewhere")
     assert "'elsewhere'" in info.value.message
     assert "mybox" in info.value.message

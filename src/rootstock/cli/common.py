@@ -22,13 +22,14 @@ def root_options(func: Callable) -> Callable:
     )(func)
     func = click.option(
         "--cluster",
-        help="The machine this runs on (registry name). "
-        "Supplies the root only when nothing else does.",
+        help="The machine this runs on: a registry name, or one the install's manifest "
+        "names. A registered name supplies the root unless --root is given.",
     )(func)
     func = click.option(
         "--root",
         type=click.Path(file_okay=False),
-        help="The install root (default: $ROOTSTOCK_ROOT, then config.toml).",
+        help="The install root (default: --cluster's registry root, $ROOTSTOCK_ROOT, "
+        "then config.toml).",
     )(func)
     return func
 

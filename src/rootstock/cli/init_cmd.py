@@ -61,7 +61,7 @@ def init(
 
     interactive = not yes and sys.stdin.isatty()
     config = load_config()
-    default_root = root or _env_root() or config.get("root")
+    default_root = root or _registry_root(cluster) or _env_root() or config.get("root")
     if root is None and interactive:
         root = click.prompt("Install root (on a shared filesystem)", default=default_root)
     root = root or default_root
@@ -117,6 +117,17 @@ def init(
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
     click.echo("next: rootstock install environments/<model>.py")
+
+
+def _registry_root(cluster: str | None) -> str | None:
+    """The registry root of ``cluster``: like every command, it comes before the defaults.
+
+    An unregistered name is no error here: init is how a new machine gets recorded.
+    """
+    from rootstock.install.layout import registered_cluster
+
+    entry = registered_cluster(cluster) if cluster else None
+    return str(entry.root) if entry else None
 
 
 def _env_root() -> str | None:

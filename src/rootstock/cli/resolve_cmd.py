@@ -13,8 +13,10 @@ from rootstock.cli.common import emit_json, root_options
 def resolve(root, cluster, cache_root, as_json):
     """Show the install root and cache root, and which rule supplied each.
 
-    Order: --root, $ROOTSTOCK_ROOT, config.toml, then the cluster registry for the
-    root; --cache-root, layout.json, the registry's legacy cache_root, then the root.
+    Order: --root, the cluster registry entry for --cluster, $ROOTSTOCK_ROOT, then
+    config.toml for the root; --cache-root, layout.json, the registry's legacy
+    cache_root, then the root itself for the cache root. Lower-ranked rules that
+    name another root are listed as not used.
     """
     from rootstock.install.layout import explain_resolution
 
@@ -26,6 +28,8 @@ def resolve(root, cluster, cache_root, as_json):
         f"root:       {info['root']}  (from {info['root_source']})"
         + ("" if info["root_exists"] else "  [does not exist yet]")
     )
+    for unused in info["shadowed"]:
+        click.echo(f"  not used: {unused['root']}  (from {unused['source']})")
     click.echo(f"cache root: {info['cache_root']}  (from {info['cache_root_source']})")
     if info["layout_version"] is not None:
         click.echo(f"layout:     version {info['layout_version']}")

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rootstock.errors import ConfigError, UnknownCluster
+from rootstock.errors import ConfigError, UsageError
 
 CLUSTERS_FILE_ENV = "ROOTSTOCK_CLUSTERS_FILE"
 
@@ -88,15 +89,31 @@ def load_registry() -> dict[str, Cluster]:
 
 def get_cluster(name: str) -> Cluster:
     """Look up ``name`` (case-insensitive), raising with the known names if absent."""
-    registry = load_registry()
-    try:
-        return registry[name.lower()]
-    except KeyError:
-        known = ", ".join(sorted(registry))
-        raise UnknownCluster(
-            f"unknown cluster {name!r}; known clusters: {known}",
-            hint=f"pass --root instead, or register it in ${CLUSTERS_FILE_ENV}",
-        ) from None
+    entry = load_registry().get(name.strip().lower())
+    if entry is None:
+        raise unknown_cluster_error(name)
+    return entry
+
+
+def unknown_cluster_error(
+    name: str, served: Iterable[str] = (), root: Path | None = None
+) -> UsageError:
+    """The usage error for a cluster name nobody knows, listing every name that is known.
+
+    ``served`` are the names the manifest of the install at ``root`` lists: they are
+    as valid as registered ones, so they are listed too. ``root`` is None when no
+    install was found to ask.
+    """
+    known = ", ".join(sorted({*load_registry(), *served}))
+    hint = f"pass one of those, or register the cluster in ${CLUSTERS_FILE_ENV}"
+    if root is not None:
+        hint += (
+            f", or add it to the install at {root}: "
+            f"rootstock manifest init --root {root} --cluster {name.strip().lower()}"
+        )
+    else:
+        hint += ", or pass --root PATH of an install whose manifest names it"
+    return UsageError(f"unknown cluster {name!r}; known clusters: {known}", hint=hint)
 
 
 def clusters_for_root(root: Path) -> list[Cluster]:

@@ -2,8 +2,12 @@
 
 Resolution order (every reader uses these two functions, CLI and calculator alike):
 
-* root: ``--root`` / ``root=``, then ``$ROOTSTOCK_ROOT``, then ``root`` in
-  config.toml, then the cluster registry entry for ``--cluster`` / ``cluster=``.
+* root: ``--root`` / ``root=``, then the cluster registry entry for ``--cluster`` /
+  ``cluster=``, then ``$ROOTSTOCK_ROOT``, then ``root`` in config.toml. An explicit
+  cluster comes before the defaults because it is the more specific request: a
+  default root must never silently send a maintainer to another cluster's tree.
+  A cluster name the registry does not know is refused (a usage error listing the
+  known names) unless the manifest of the install it resolves to names it.
 * cache root: an explicit override, then ``cache_root`` in ``{root}/layout.json``,
   then the registry's legacy ``cache_root`` for the root, then the root itself.
 
@@ -24,7 +28,12 @@ from typing import Any
 
 from rootstock.errors import LayoutError, RootNotFound
 from rootstock.install.atomic import atomic_write_json
-from rootstock.install.clusters import clusters_for_root, get_cluster, load_registry
+from rootstock.install.clusters import (
+    Cluster,
+    clusters_for_root,
+    load_registry,
+    unknown_cluster_error,
+)
 from rootstock.install.config import config_path, load_config
 
 LAYOUT_VERSION = 1
@@ -99,23 +108,91 @@ class InstallLayout:
         return self.environments_dir / f"{name}.py"
 
 
+@dataclass(frozen=True)
+class RootChoice:
+    """The install root, and the rule that supplied it (as ``rootstock resolve`` says it)."""
+
+    root: Path
+    source: str
+
+
 def resolve_root(root: str | os.PathLike | None = None, cluster: str | None = None) -> Path:
-    """Find the install root; ``cluster`` supplies it only when nothing else does."""
+    """Find the install root: ``root``, then ``cluster``'s registry entry, then the defaults."""
+    return choose_root(root, cluster).root
+
+
+def choose_root(root: str | os.PathLike | None = None, cluster: str | None = None) -> RootChoice:
+    """Pick the install root in the documented order and say which rule supplied it.
+
+    An explicit ``root`` always wins; ``cluster`` then names this machine, so an
+    unregistered name must be one the install's manifest serves. Without ``root``,
+    a registered ``cluster`` supplies its registry root. An unregistered one falls
+    through to ``$ROOTSTOCK_ROOT`` and config.toml, and is accepted only if the
+    manifest there names it: otherwise a typo would quietly run against whatever
+    install the defaults point at.
+    """
     if root:
-        return Path(root).expanduser().absolute()
+        choice = RootChoice(_absolute(root), "--root")
+    else:
+        entry = registered_cluster(cluster) if cluster else None
+        if entry is not None:
+            return RootChoice(entry.root, f"cluster registry ({entry.name})")
+        defaults = default_roots()
+        if not defaults:
+            if cluster:
+                raise unknown_cluster_error(cluster)
+            raise RootNotFound(
+                "no install root given",
+                hint=f"pass --root PATH or --cluster NAME, set ${ROOT_ENV}, "
+                f"or run `rootstock init` (which records it in {config_path()})",
+            )
+        choice = defaults[0]
+    if cluster:
+        check_cluster_known(cluster, choice.root)
+    return choice
+
+
+def default_roots() -> list[RootChoice]:
+    """The roots ``$ROOTSTOCK_ROOT`` and config.toml name, in that order (either may be absent)."""
+    found = []
     env_root = os.environ.get(ROOT_ENV)
     if env_root:
-        return Path(env_root).expanduser().absolute()
+        found.append(RootChoice(_absolute(env_root), f"${ROOT_ENV}"))
     config_root = load_config().get("root")
     if config_root:
-        return Path(str(config_root)).expanduser().absolute()
-    if cluster:
-        return get_cluster(cluster).root
-    raise RootNotFound(
-        "no install root given",
-        hint=f"pass --root PATH or --cluster NAME, set ${ROOT_ENV}, "
-        f"or run `rootstock init` (which records it in {config_path()})",
-    )
+        found.append(RootChoice(_absolute(str(config_root)), f"config ({config_path()})"))
+    return found
+
+
+def registered_cluster(name: str) -> Cluster | None:
+    """The registry entry for ``name`` (case-insensitive), or None."""
+    return load_registry().get(name.strip().lower())
+
+
+def check_cluster_known(cluster: str, root: Path) -> None:
+    """Refuse ``cluster`` unless the registry or the manifest of ``root`` names it.
+
+    The manifest counts because a shared install that is not in the registry (or
+    that the registry knows under another path) lists its machines there.
+    """
+    if registered_cluster(cluster) is not None:
+        return
+    served = manifest_clusters(root)
+    if cluster.strip().lower() in served:
+        return
+    raise unknown_cluster_error(cluster, served, root if Path(root).is_dir() else None)
+
+
+def manifest_clusters(root: Path) -> list[str]:
+    """The clusters ``{root}/manifest.json`` names; none when the install has no manifest."""
+    # Imported here: the manifest store is built on this module.
+    from rootstock.install.manifest import load_manifest
+
+    return list(load_manifest(InstallLayout(Path(root), Path(root)))["clusters"])
+
+
+def _absolute(path: str | os.PathLike) -> Path:
+    return Path(path).expanduser().absolute()
 
 
 def read_layout(root: Path) -> dict[str, Any] | None:
@@ -177,9 +254,9 @@ def resolve_cache_root(
 def _legacy_cache_root(root: Path, cluster: str | None) -> Path | None:
     """The registry's legacy ``cache_root`` for ``root``, if any entry has one."""
     if cluster:
-        # ``cluster`` may name an unregistered machine of a shared install (root= and
-        # cluster= together), so an unknown name is not an error here.
-        entry = load_registry().get(cluster.lower())
+        # ``cluster`` may name an unregistered machine that the install's manifest
+        # lists (checked by choose_root), which simply has no registry entry here.
+        entry = registered_cluster(cluster)
         if entry and entry.cache_root and os.path.realpath(entry.root) == os.path.realpath(root):
             return entry.cache_root
     for entry in clusters_for_root(root):
@@ -209,16 +286,13 @@ def explain_resolution(
     cluster: str | None = None,
     cache_root: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
-    """Resolve both roots and say which rule supplied each (for ``rootstock resolve``)."""
-    if root:
-        root_source = "--root"
-    elif os.environ.get(ROOT_ENV):
-        root_source = f"${ROOT_ENV}"
-    elif load_config().get("root"):
-        root_source = f"config ({config_path()})"
-    else:
-        root_source = f"cluster registry ({cluster})" if cluster else "none"
-    resolved = resolve_root(root, cluster)
+    """Resolve both roots and say which rule supplied each (for ``rootstock resolve``).
+
+    ``shadowed`` lists the lower-ranked rules that name a *different* root, so a
+    maintainer sees at once when, say, ``--cluster`` overrides ``$ROOTSTOCK_ROOT``.
+    """
+    choice = choose_root(root, cluster)
+    resolved = choice.root
     layout = read_layout(resolved) if resolved.is_dir() else None
     if cache_root:
         cache_source = "--cache-root"
@@ -230,11 +304,31 @@ def explain_resolution(
         cache_source = "the install root itself"
     return {
         "root": str(resolved),
-        "root_source": root_source,
+        "root_source": choice.source,
         "root_exists": resolved.is_dir(),
+        "shadowed": [
+            {"source": c.source, "root": str(c.root)} for c in _shadowed(choice, root, cluster)
+        ],
         "cache_root": str(resolve_cache_root(resolved, cache_root, cluster)),
         "cache_root_source": cache_source,
         "layout_version": layout.get("layout_version") if layout else None,
         "cluster": cluster,
         "siblings": sorted(c.name for c in clusters_for_root(resolved)),
     }
+
+
+def _shadowed(
+    choice: RootChoice, root: str | os.PathLike | None, cluster: str | None
+) -> list[RootChoice]:
+    """The rules ranked below ``choice`` that would have picked another root."""
+    ranked = []
+    if root:
+        ranked.append(RootChoice(_absolute(root), "--root"))
+    entry = registered_cluster(cluster) if cluster else None
+    if entry is not None:
+        ranked.append(RootChoice(entry.root, f"cluster registry ({entry.name})"))
+    ranked += default_roots()
+    sources = [c.source for c in ranked]
+    below = ranked[sources.index(choice.source) + 1 :]
+    target = os.path.realpath(choice.root)
+    return [c for c in below if os.path.realpath(c.root) != target]

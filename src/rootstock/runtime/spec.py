@@ -80,8 +80,10 @@ def resolve_worker_spec(
 ) -> WorkerSpec:
     """Resolve ``checkpoint`` to an installed env and validate the arguments.
 
-    ``cluster`` names this machine (and supplies the root only when nothing else
-    does). Without it, the ``cluster`` recorded in config.toml picks variants.
+    ``cluster`` names this machine. Unless ``root`` is given, a registered name
+    supplies the root, before ``$ROOTSTOCK_ROOT`` and config.toml; a name that
+    neither the registry nor the install's manifest knows is a ``UsageError``.
+    Without it, the ``cluster`` recorded in config.toml picks variants.
     """
     if not isinstance(checkpoint, str) or not checkpoint:
         raise UsageError("checkpoint must be a non-empty checkpoint id such as 'emt'")
