@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from rootstock.cli.common import emit_json, layout_from, progress, root_options
+from rootstock.cli.common import emit_json, layout_from, progress, root_options, warn
+from rootstock.cli.options import timeout_seconds
 
 
 @click.command()
@@ -27,7 +28,7 @@ from rootstock.cli.common import emit_json, layout_from, progress, root_options
 )
 @click.option(
     "--verify-timeout",
-    type=float,
+    type=timeout_seconds(),
     default=600.0,
     show_default=True,
     help="Seconds to wait for the worker's forward pass.",
@@ -127,7 +128,10 @@ def _list_addable(layout, cluster, as_json):
     from rootstock.install.envfile import is_custom_id
     from rootstock.install.envs import envs_on_cluster, load_installed_envs
 
-    envs, _ = load_installed_envs(layout)
+    envs, warnings = load_installed_envs(layout)
+    if not as_json:
+        for line in warnings:
+            warn(line)
     rows = [
         {"env": e.name, "checkpoint": c}
         for e in envs_on_cluster(envs, cluster)

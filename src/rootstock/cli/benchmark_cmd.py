@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from rootstock.cli.common import emit_json, progress, root_options
+from rootstock.cli.options import CALLS, WARMUP, timeout_seconds
 
 
 @click.command()
@@ -25,14 +26,14 @@ from rootstock.cli.common import emit_json, progress, root_options
 )
 @click.option(
     "--calls",
-    type=click.IntRange(min=1),
+    type=CALLS,
     default=100,
     show_default=True,
     help="Timed calls per run.",
 )
 @click.option(
     "--warmup",
-    type=click.IntRange(min=0),
+    type=WARMUP,
     default=10,
     show_default=True,
     help="Untimed calls after the first, per run.",
@@ -45,7 +46,7 @@ from rootstock.cli.common import emit_json, progress, root_options
 @click.option("--weights", type=click.Path(), help="Your weights, for <family>:custom ids.")
 @click.option(
     "--timeout",
-    type=float,
+    type=timeout_seconds(),
     default=1800.0,
     show_default=True,
     help="Seconds for each calculator step, and for the whole in-env run.",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from rootstock.cli.common import console, emit_json, table
+from rootstock.cli.options import BODY_BYTES, PORT
 from rootstock.errors import RootstockError
 
 if TYPE_CHECKING:
@@ -95,12 +96,12 @@ def dashboard() -> None:
 @dashboard.command("serve")
 @_db_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", default=8000, show_default=True, type=PORT)
 @click.option(
     "--max-body",
     default=16 * 2**20,
     show_default=True,
-    type=click.IntRange(1024),
+    type=BODY_BYTES,
     metavar="BYTES",
     help="Largest request body accepted (413 above it).",
 )

@@ -71,6 +71,7 @@ def install(
     from rootstock.ops.install import install as run_install
 
     layout = layout_from(root, cluster, cache_root)
+    check_named_env(layout, target)
     if not no_perm_check:
         from rootstock.cli.perms_cmd import warn_about_perms
 
@@ -105,6 +106,19 @@ def install(
         raise click.exceptions.Exit(1)
 
 
+def check_named_env(layout, target: str) -> None:
+    """TARGET as an env name (not a path): a typo is a usage error with close matches."""
+    import os
+    from pathlib import Path
+
+    from rootstock.install.envs import require_registered_env
+
+    path = Path(target).expanduser()
+    if path.exists() or path.suffix == ".py" or os.sep in target:
+        return  # a path: ops.install reports a missing file as such
+    require_registered_env(layout, target)
+
+
 def _dry_run(target, root, cluster, cache_root, force, upgrade, python, as_json) -> None:
     """Plan the install and render it; exit 1 when any env would fail."""
     from rootstock.errors import RootNotFound
@@ -114,6 +128,8 @@ def _dry_run(target, root, cluster, cache_root, force, upgrade, python, as_json)
         layout = layout_from(root, cluster, cache_root, must_exist=False)
     except RootNotFound:
         layout = None  # lint only; the plan says so
+    if layout is not None:
+        check_named_env(layout, target)
     plan = plan_install(
         layout, target, force=force, upgrade=upgrade, python=python, cluster=cluster
     )

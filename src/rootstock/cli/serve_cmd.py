@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from rootstock.cli.common import root_options
+from rootstock.cli.options import timeout_seconds
 from rootstock.ops.kwargs import parse_kwargs
 
 
@@ -33,7 +34,7 @@ from rootstock.ops.kwargs import parse_kwargs
 )
 @click.option(
     "--connect-timeout",
-    type=float,
+    type=timeout_seconds(zero_means="retry forever"),
     default=600.0,
     show_default=True,
     help="Seconds to keep retrying until the server is up (0: forever).",

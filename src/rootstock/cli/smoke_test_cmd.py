@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import click
 
 from rootstock.cli.common import emit_json, layout_from, root_options
+from rootstock.cli.options import EVERY_N, JOBS, timeout_seconds
 
 
 @click.command("smoke-test")
@@ -18,21 +19,21 @@ from rootstock.cli.common import emit_json, layout_from, root_options
 @click.option("--device", default="cuda", show_default=True, help="cpu, cuda or xpu.")
 @click.option(
     "--verify-timeout",
-    type=float,
+    type=timeout_seconds(),
     default=600.0,
     show_default=True,
     help="Seconds to wait for each forward pass.",
 )
 @click.option(
     "--jobs",
-    type=int,
+    type=JOBS,
     default=1,
     show_default=True,
     help="Verify N checkpoints at once (cuda: one GPU each, cuda:0..N-1).",
 )
 @click.option(
     "--push-every",
-    type=click.IntRange(min=1),
+    type=EVERY_N,
     metavar="N",
     help="Push a manifest snapshot to the dashboard after every N results.",
 )
@@ -60,10 +61,10 @@ def smoke_test(
     from rootstock.ops.smoke_test import smoke_test as run_smoke_test
 
     layout = layout_from(root, cluster, cache_root)
-    if checkpoint:
-        from rootstock.ops.checkpoints import check_selected_checkpoint
+    from rootstock.ops.checkpoints import check_selection
 
-        check_selected_checkpoint(layout, checkpoint, cluster)
+    # Before the dashboard is even looked up: a typo is the first thing reported.
+    check_selection(layout, cluster, env_name, checkpoint)
     dashboard = auto_push_dashboard(no_push, asked_by="--push-every" if push_every else None)
     machine = None
     if dashboard is not None:
