@@ -58,8 +58,19 @@ class EnvFileError(RootstockError):
         return "\n".join(lines)
 
 
+class EnvBroken(EnvFileError):
+    """A built env whose ``env_source.py`` no longer parses (a bad hotfix).
+
+    Exit code 1: the command line is right, the install is not.
+    """
+
+
 class EnvNotFound(RootstockError):
     """An env name that is not registered or built in this root."""
+
+
+class UnknownEnvName(UsageError):
+    """An env name typed on a command line that this root does not have (exit code 2)."""
 
 
 class BuildError(RootstockError):

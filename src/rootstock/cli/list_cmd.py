@@ -12,6 +12,8 @@ from rootstock.cli.common import console, emit_json, layout_from, root_options, 
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def list_envs(root, cluster, cache_root, as_json):
     """List installed envs, their checkpoint ids, custom entries and variants."""
+    from rich.markup import escape
+
     from rootstock.ops.listing import list_envs as run_list
 
     result = run_list(layout_from(root, cluster, cache_root))
@@ -27,10 +29,15 @@ def list_envs(root, cluster, cache_root, as_json):
         return
     tab = table(f"envs in {result['root']}", ["env", "checkpoints", "custom", "clusters"])
     for env in result["envs"]:
+        if env["error"]:
+            # The ids shown are the manifest's record; the file itself cannot be read.
+            clusters = f"[red]broken: {escape(env['error'])}[/red]"
+        else:
+            clusters = ", ".join(env["clusters"]) if env["clusters"] else "all"
         tab.add_row(
             env["name"],
             ", ".join(env["checkpoints"]) or "-",
             ", ".join(env["custom"]) or "-",
-            ", ".join(env["clusters"]) if env["clusters"] else "all",
+            clusters,
         )
     console().print(tab)

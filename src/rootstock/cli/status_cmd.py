@@ -52,6 +52,8 @@ def describe_state(state: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(root, cluster, cache_root, sizes, as_json):
     """Show envs, their build state, and every checkpoint's state per cluster."""
+    from rich.markup import escape
+
     from rootstock.ops.status import status as run_status
 
     doc = run_status(layout_from(root, cluster, cache_root), cluster, sizes)
@@ -69,6 +71,8 @@ def status(root, cluster, cache_root, sizes, as_json):
     envs = table("envs", columns)
     for env in doc["envs"]:
         state = env["state"] + (" (hotfixed)" if env["hotfixed"] else "")
+        if env["error"]:
+            state = f"[red]{state}: {escape(env['error'])}[/red]"
         cells = [
             env["name"],
             state,

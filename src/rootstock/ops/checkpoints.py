@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from rootstock.errors import CheckpointNotFetched, UsageError
+from rootstock.errors import CheckpointNotFetched, EnvBroken, UsageError
 from rootstock.install.envfile import EnvFile, is_custom_id, source_hash
-from rootstock.install.envs import load_installed_envs, read_env_metadata, resolve_checkpoint
+from rootstock.install.envs import (
+    BrokenEnv,
+    InstalledEnvs,
+    read_env_metadata,
+    require_env_name,
+    resolve_checkpoint,
+    scan_installed_envs,
+)
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import load_manifest, resolve_cluster
 from rootstock.ops.status import serves_on, variant_ids
@@ -56,23 +63,44 @@ def require_fetched(
         )
 
 
-def check_selected_checkpoint(
-    layout: InstallLayout, checkpoint: str, cluster: str | None = None
+def check_selection(
+    layout: InstallLayout,
+    cluster: str | None = None,
+    env: str | None = None,
+    checkpoint: str | None = None,
 ) -> None:
-    """``smoke-test --checkpoint ID``: the id rule, before anything runs.
+    """``smoke-test --env NAME --checkpoint ID``: the name rule, before anything runs.
 
-    Unknown (exit code 2), ``:custom`` (2: never smoke-tested) and unfetched (1)
-    ids are refused, so a typo cannot pass as "nothing to test".
+    An unknown env or id (exit code 2, with close matches), a ``:custom`` id (2:
+    never smoke-tested), an id of another env than ``--env`` (2) and an unfetched
+    id (1) are refused, so a typo cannot pass as "nothing to test". An id of a
+    broken env passes: the smoke-test stamps it failed with the parse error.
     """
+    found = scan_installed_envs(layout)
+    if env is not None:
+        require_env_name(layout, env, found)
+    if checkpoint is None:
+        return
     manifest = load_manifest(layout)
     machine = resolve_cluster(layout, cluster, manifest)
-    resolved = resolve_checkpoint(layout, checkpoint, machine)
-    if resolved.is_custom:
+    try:
+        env_name = resolve_checkpoint(layout, checkpoint, machine).env_name
+    except EnvBroken:
+        owner = next((b.name for b in found.broken if checkpoint in b.recorded_ids), None)
+        if owner is None:  # it broke between the two reads: report it as resolved
+            raise
+        env_name = owner
+    if is_custom_id(checkpoint):
         raise UsageError(
             f"{checkpoint!r} takes user-supplied weights, which are never smoke-tested",
             hint="pick a registered checkpoint id (`rootstock list`)",
         )
-    require_fetched(layout, resolved.env_name, checkpoint, manifest)
+    if env is not None and env != env_name:
+        raise UsageError(
+            f"checkpoint {checkpoint!r} is served by env {env_name!r}, not {env!r}",
+            hint=f"drop --env, or pass --env {env_name}",
+        )
+    require_fetched(layout, env_name, checkpoint, manifest)
 
 
 def fetched_checkpoints(
@@ -81,13 +109,15 @@ def fetched_checkpoints(
     cluster: str,
     env_filter: str | None = None,
     checkpoint_filter: str | None = None,
+    found: InstalledEnvs | None = None,
 ) -> list[tuple[EnvFile, str]]:
     """Every fetched, non-custom checkpoint served on ``cluster``, in a stable order.
 
     A universal env's id that a variant shadows on this cluster is left out: the
-    variant's copy is the one tested and reported here.
+    variant's copy is the one tested and reported here. Broken envs are not here
+    (:func:`broken_checkpoints`).
     """
-    envs, _ = load_installed_envs(layout)
+    envs = (found if found is not None else scan_installed_envs(layout)).envs
     variants = variant_ids(envs)
     selected = []
     for env in envs:
@@ -102,3 +132,39 @@ def fetched_checkpoints(
             if serves_on(env, checkpoint, cluster, variants):
                 selected.append((env, checkpoint))
     return selected
+
+
+def broken_checkpoints(
+    found: InstalledEnvs, env_filter: str | None = None, checkpoint_filter: str | None = None
+) -> list[tuple[BrokenEnv, str]]:
+    """Every fetched, non-custom id of a broken env, as the manifest recorded them.
+
+    Which cluster a broken env serves is unknown while it does not parse, so each
+    one counts wherever it is tested: every spawn of it would fail there.
+    """
+    return [
+        (broken, checkpoint)
+        for broken in found.broken
+        if not env_filter or broken.name == env_filter
+        for checkpoint in broken.fetched_ids
+        if not is_custom_id(checkpoint)
+        and (not checkpoint_filter or checkpoint == checkpoint_filter)
+    ]
+
+
+def broken_build(layout: InstallLayout, broken: BrokenEnv) -> dict[str, Any]:
+    """The build a failure of ``broken`` is recorded against: its live, unparsable source.
+
+    Recording the live hash is what makes ``status`` show the failure itself rather
+    than ``stale`` (the source changed since the last verification).
+    """
+    meta = read_env_metadata(layout, broken.name) or {}
+    build = {
+        "build_id": meta.get("build_id"),
+        "built_at": meta.get("built_at"),
+        "lock_hash": meta.get("lock_hash"),
+    }
+    live = broken.live_source_hash()
+    if live:
+        build["source_hash"] = live
+    return build

@@ -3,22 +3,39 @@
 from __future__ import annotations
 
 from rootstock.install.envfile import is_custom_id
-from rootstock.install.envs import load_installed_envs
+from rootstock.install.envs import scan_installed_envs
 from rootstock.install.layout import InstallLayout
 
 
 def list_envs(layout: InstallLayout) -> dict:
-    """Every built env with its ids, custom entries and cluster variants."""
-    envs, warnings = load_installed_envs(layout)
-    rows = []
-    for env in envs:
-        rows.append(
-            {
-                "name": env.name,
-                "checkpoints": [c for c in env.checkpoints if not is_custom_id(c)],
-                "custom": [c for c in env.checkpoints if is_custom_id(c)],
-                "clusters": env.clusters,
-                "verify_kwargs": env.verify_kwargs,
-            }
-        )
-    return {"root": str(layout.root), "envs": rows, "warnings": warnings}
+    """Every built env with its ids, custom entries and cluster variants.
+
+    A broken env (its ``env_source.py`` does not parse) is listed too, with
+    ``error`` set to ``file:line: message`` and the ids the manifest recorded for
+    it; ``clusters`` is then None because it cannot be read.
+    """
+    found = scan_installed_envs(layout)
+    rows = [
+        {
+            "name": env.name,
+            "checkpoints": [c for c in env.checkpoints if not is_custom_id(c)],
+            "custom": [c for c in env.checkpoints if is_custom_id(c)],
+            "clusters": env.clusters,
+            "verify_kwargs": env.verify_kwargs,
+            "error": None,
+        }
+        for env in found.envs
+    ]
+    rows.extend(
+        {
+            "name": broken.name,
+            "checkpoints": [c for c in broken.recorded_ids if not is_custom_id(c)],
+            "custom": [c for c in broken.recorded_ids if is_custom_id(c)],
+            "clusters": None,
+            "verify_kwargs": {},
+            "error": broken.message,
+        }
+        for broken in found.broken
+    )
+    rows.sort(key=lambda row: row["name"])
+    return {"root": str(layout.root), "envs": rows, "warnings": found.warnings}

@@ -3,6 +3,10 @@ the moment it is known.
 
 Each result is one short locked write of its own manifest record, so a run killed
 at its wall-time limit keeps every stamp it reached. Nothing is downloaded.
+
+A broken env (its ``env_source.py`` does not parse) is not skipped: each fetched
+id the manifest recorded for it is stamped ``failed`` with ``file:line: message``,
+first, without starting a worker (every spawn of it would fail the same way).
 """
 
 from __future__ import annotations
@@ -15,9 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rootstock.errors import UsageError
+from rootstock.install.envs import scan_installed_envs
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import load_manifest, record_verification, resolve_cluster
-from rootstock.ops.checkpoints import build_snapshot, fetched_checkpoints
+from rootstock.ops.checkpoints import (
+    broken_build,
+    broken_checkpoints,
+    build_snapshot,
+    check_selection,
+    fetched_checkpoints,
+)
 from rootstock.ops.install import maintainer_umask
 from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, run_verification
 
@@ -106,11 +117,15 @@ def smoke_test(
         raise UsageError("--push-every must be at least 1")
     if jobs < 1:
         raise UsageError("--jobs must be at least 1")
+    check_selection(layout, cluster, env, checkpoint)
     manifest = load_manifest(layout)
     machine = resolve_cluster(layout, cluster, manifest)
-    selected = fetched_checkpoints(layout, manifest, machine, env, checkpoint)
+    found = scan_installed_envs(layout)
+    selected = fetched_checkpoints(layout, manifest, machine, env, checkpoint, found)
+    broken = broken_checkpoints(found, env, checkpoint)
+    total = len(broken) + len(selected)
     report = SmokeReport(machine)
-    on_start(len(selected))
+    on_start(total)
     slots: queue.Queue[str] = queue.Queue()
     for slot in device_slots(device, jobs):
         slots.put(slot)
@@ -144,15 +159,31 @@ def smoke_test(
             record.get("message"),
             outcome.checks,
         )
+        add_result(result)
+
+    def add_result(result: SmokeResult) -> None:
         with report_lock:
             report.results.append(result)
             on_result(result)
             done = len(report.results)
-            if snapshot_every and done % snapshot_every == 0 and done < len(selected):
+            if snapshot_every and done % snapshot_every == 0 and done < total:
                 on_snapshot(done)
 
     # Like add and install: the manifest it rewrites must stay group-writable.
     with maintainer_umask():
+        for broken_env, checkpoint_id in broken:
+            outcome = {
+                "passed": False,
+                "device": device,
+                "message": broken_env.message,
+                "build": broken_build(layout, broken_env),
+            }
+            record = record_verification(layout, broken_env.name, checkpoint_id, machine, outcome)
+            add_result(
+                SmokeResult(
+                    broken_env.name, checkpoint_id, device, record["state"], 0.0, record["message"]
+                )
+            )
         if jobs == 1:
             for item in selected:
                 verify_one(item)

@@ -2,6 +2,9 @@
 
 Reads only small files (env sources, build metadata, the manifest). Directory
 sizes are opt-in: walking gigabytes on Lustre at every call is too slow.
+
+A built env whose ``env_source.py`` does not parse shows as ``broken`` with
+``file:line: message`` in ``error``; its rows are the ids the manifest recorded.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import os
 from pathlib import Path
 
 from rootstock.install.envfile import EnvFile, is_custom_id, source_hash
-from rootstock.install.envs import load_installed_envs, read_env_metadata
+from rootstock.install.envs import BrokenEnv, read_env_metadata, scan_installed_envs
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import is_locked
 from rootstock.install.manifest import checkpoint_state, load_manifest, served_clusters
@@ -42,8 +45,10 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
     """The status document that ``rootstock status`` renders (and prints with --json)."""
     manifest = load_manifest(layout)
     clusters = [cluster.lower()] if cluster else served_clusters(layout, manifest)
-    envs, warnings = load_installed_envs(layout)
+    found = scan_installed_envs(layout)
+    envs = found.envs
     built = {e.name: e for e in envs}
+    broken = {b.name: b for b in found.broken}
     variants = variant_ids(envs)
     registered = (
         {p.stem for p in layout.environments_dir.glob("*.py")}
@@ -51,13 +56,17 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
         else set()
     )
     rows = []
-    for name in sorted(set(built) | registered | set(manifest.get("envs", {}))):
+    for name in sorted(set(built) | set(broken) | registered | set(manifest.get("envs", {}))):
         env = built.get(name)
         meta = read_env_metadata(layout, name) or {}
         versions = meta.get("versions") or {}
+        state = build_state(layout, name, env is not None or name in broken)
+        if name in broken and state == "built":
+            state = "broken"
         row = {
             "name": name,
-            "state": build_state(layout, name, env is not None),
+            "state": state,
+            "error": broken[name].message if name in broken else None,
             "python": versions.get("python"),
             "torch": versions.get("torch"),
             "built_at": meta.get("built_at"),
@@ -66,7 +75,11 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
             "hotfixed": bool(
                 env and meta.get("source_hash") and source_hash(env.source) != meta["source_hash"]
             ),
-            "checkpoints": _checkpoint_rows(manifest, env, clusters, variants) if env else [],
+            "checkpoints": _checkpoint_rows(manifest, env, clusters, variants)
+            if env
+            else _broken_rows(layout, manifest, broken[name], clusters)
+            if name in broken
+            else [],
         }
         if sizes:
             row["size_bytes"] = directory_size(layout.env_dir(name)) if env else None
@@ -76,7 +89,7 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
         "cache_root": str(layout.cache_root),
         "clusters": clusters,
         "envs": rows,
-        "warnings": warnings,
+        "warnings": found.warnings,
     }
     if sizes:
         doc["cache_size_bytes"] = {
@@ -104,6 +117,27 @@ def _checkpoint_rows(
         if states or not clusters:
             rows.append({"id": checkpoint, "states": states})
     return rows
+
+
+def _broken_rows(
+    layout: InstallLayout, manifest: dict, broken: BrokenEnv, clusters: list[str]
+) -> list[dict]:
+    """A broken env's recorded ids, on every cluster: which ones it serves is unknown
+    until the file parses again, and hiding them would hide what is now failing."""
+    current_hash = broken.live_source_hash()
+    return [
+        {
+            "id": checkpoint,
+            "states": {
+                cluster: checkpoint_state(
+                    manifest, broken.name, checkpoint, cluster, current_source_hash=current_hash
+                ).to_dict()
+                for cluster in clusters
+            },
+        }
+        for checkpoint in broken.recorded_ids
+        if not is_custom_id(checkpoint)
+    ]
 
 
 def variant_ids(envs: list[EnvFile]) -> set[tuple[str, str]]:
