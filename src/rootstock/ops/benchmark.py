@@ -196,6 +196,7 @@ def time_in_env(
     spec: WorkerSpec, system: BenchmarkSystem, warmup: int, calls: int, timeout: float
 ) -> RunTiming:
     """The walk in the env's own Python, with the environment a worker gets."""
+    from rootstock.runtime.lifeline import Lifeline, script_command
     from rootstock.runtime.server import make_private_dir
     from rootstock.runtime.session import describe_exit
     from rootstock.runtime.spawn import WorkerProcess, worker_environment
@@ -205,16 +206,15 @@ def time_in_env(
         request_file, result_file = run_dir / "request.json", run_dir / "result.json"
         request_file.write_text(json.dumps(probe_request(spec, system, warmup, calls)))
         log_path = run_dir / "probe.log"
-        argv = [
+        # The probe dies with us (the lifeline runner), like a worker; it runs by
+        # path, so an env built by an older rootstock needs nothing new.
+        lifeline = Lifeline()
+        argv = script_command(
             str(spec.python),
-            "-I",
-            "-u",
-            "-X",
-            "faulthandler",
+            lifeline.child_fd,
             str(Path(benchmark_probe.__file__).resolve()),
-            str(request_file),
-            str(result_file),
-        ]
+            [str(request_file), str(result_file)],
+        )
         env = worker_environment(spec.layout, spec.env_name, offline=True)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         started = time.monotonic()
@@ -226,16 +226,19 @@ def time_in_env(
                 stdout=fd,
                 stderr=subprocess.STDOUT,
                 close_fds=True,
+                pass_fds=(lifeline.child_fd,),
                 start_new_session=True,  # stop() kills whatever the model started
             )
         except OSError as exc:
+            lifeline.close()
             raise WorkerError(
                 f"cannot run the env's Python {spec.python}: {exc}",
                 hint=f"rebuild the env: rootstock install {spec.env_name} --force",
             ) from None
         finally:
             os.close(fd)
-        process = WorkerProcess(popen, "capture", log_path)
+        lifeline.child_started()
+        process = WorkerProcess(popen, "capture", log_path, lifeline=lifeline)
         try:
             if not process.wait_exit(timeout):
                 raise WorkerTimeout(

@@ -4,15 +4,24 @@ The calculator binds, the worker connects. The socket lives in a fresh directory
 made by :func:`tempfile.mkdtemp` (mode 0700) under ``$XDG_RUNTIME_DIR`` or the
 system temp dir, so no other user can reach it and no fixed name in ``/tmp`` can be
 squatted. The same directory holds the worker's captured output.
+
+Each run directory records its owner (host, pid, the pid's start time and the boot
+it started in) in ``owner.json``. A killed owner cannot remove its directory, so
+whenever a new one is made, the same user's run directories whose owner is gone
+are removed: same host only (``$TMPDIR`` may be shared between nodes, and a pid
+says nothing about another host's processes), and only directories with a
+readable owner record.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
 import socket
+import stat
 import struct
 import tempfile
 import time
@@ -24,6 +33,8 @@ from rootstock.errors import ProtocolError, WorkerTimeout
 log = logging.getLogger("rootstock.runtime")
 
 SOCKET_NAME = "worker.sock"
+OWNER_FILE = "owner.json"
+RUN_DIR_PREFIX = "rootstock-"
 # sun_path holds 108 bytes on Linux (104 on macOS); stay clear of both.
 _MAX_SOCKET_PATH = 100
 ACCEPT_SLICE_S = 0.1
@@ -37,14 +48,153 @@ def runtime_base_dir() -> Path:
     return Path(tempfile.gettempdir())
 
 
-def make_private_dir(prefix: str = "rootstock-") -> Path:
-    """A fresh 0700 directory whose socket path fits in ``sun_path``."""
+def make_private_dir(prefix: str = RUN_DIR_PREFIX) -> Path:
+    """A fresh 0700 directory whose socket path fits in ``sun_path``, with its owner
+    recorded; dead owners' run directories next to it are swept first (all of
+    rootstock's prefixes start with ``rootstock-``, which the sweep looks for)."""
     base = runtime_base_dir()
     # mkdtemp adds 8 random characters; leave room for "/worker.sock".
     if len(os.fsencode(base)) + len(prefix) + 9 + 1 + len(SOCKET_NAME) > _MAX_SOCKET_PATH:
         # HPC job temp dirs can be long; /tmp itself is short and mkdtemp is still private.
         base = Path("/tmp")
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    sweep_dead_run_dirs(base)
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    write_owner(run_dir)
+    return run_dir
+
+
+# --- owners and the sweep ----------------------------------------------------------------
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _process_state(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks since boot) of ``pid`` from /proc, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses; the fields after the last ')' do not.
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return fields[0].decode(), fields[19].decode()
+
+
+def owner_record(pid: int | None = None) -> dict:
+    """Who owns a run directory: this host, ``pid`` (default: us), its start, the boot."""
+    pid = os.getpid() if pid is None else pid
+    state = _process_state(pid)
+    return {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "started": state[1] if state else None,
+        "boot": _boot_id(),
+    }
+
+
+def write_owner(run_dir: Path, record: dict | None = None) -> None:
+    """Write ``owner.json`` into ``run_dir`` (written aside, then renamed: never half read)."""
+    partial = run_dir / f".{OWNER_FILE}.part"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(owner_record() if record is None else record, fh)
+    os.replace(partial, run_dir / OWNER_FILE)
+
+
+def owner_is_gone(record: object) -> bool:
+    """True only when ``record`` names a process of this host that no longer runs.
+
+    Another host's owner, or a record we cannot read, is never called gone. Where
+    ``/proc`` says when the pid started, a pid reused by a newer process counts as
+    gone, as does any pid from before a reboot.
+    """
+    if not isinstance(record, dict) or record.get("host") != socket.gethostname():
+        return False
+    pid = record.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    boot = _boot_id()
+    if record.get("boot") and boot and record["boot"] != boot:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return True  # the pid now belongs to another user: our owner is long gone
+    state = _process_state(pid)
+    if state is None:
+        return False  # no /proc: the pid's existence is all we know
+    if state[0] in ("Z", "X"):
+        return True
+    return bool(record.get("started")) and record["started"] != state[1]
+
+
+def sweep_dead_run_dirs(base: Path) -> list[Path]:
+    """Remove our run directories in ``base`` whose owner is gone; the ones removed."""
+    removed = []
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(RUN_DIR_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = Path(base) / name
+        try:
+            st = os.lstat(path)
+            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            fd = os.open(path / OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, encoding="utf-8") as fh:
+                record = json.loads(fh.read(4096))
+        except (OSError, ValueError):
+            continue  # not a run dir, still being made, or made by an older rootstock
+        if owner_is_gone(record):
+            shutil.rmtree(path, ignore_errors=True)
+            log.debug("removed %s (its owner, pid %s, is gone)", path, record.get("pid"))
+            removed.append(path)
+    return removed
+
+
+# --- private directories of ours ---------------------------------------------------------
+
+
+def is_private_dir(path: Path) -> bool:
+    """True if ``path`` is a real directory (no symlink) we own with mode exactly 0700.
+
+    A directory of ours that others may only read or list is tightened to 0700
+    first; one that anybody else could write may hold planted files and is refused.
+    """
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return False
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            if st.st_mode & 0o022:
+                return False
+            os.chmod(path, 0o700)
+        return stat.S_IMODE(os.lstat(path).st_mode) == 0o700
+    except OSError:
+        return False
+
+
+def can_create_files(path: Path) -> bool:
+    """Whether we can really create a file in ``path``.
+
+    ``os.access`` is no answer: for root it says yes to any directory, even one on a
+    read-only filesystem.
+    """
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".rootstock-probe-", dir=path)
+    except OSError:
+        return False
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return True
 
 
 class WorkerListener:

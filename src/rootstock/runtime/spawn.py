@@ -14,6 +14,11 @@ interpreter and an environment built by :func:`worker_environment`:
 
 The worker's output goes to a file, never to a pipe, so a chatty model cannot
 fill a 64 KB pipe buffer and deadlock; its tail is kept for error messages.
+
+Every spawned worker holds the read end of a
+:class:`~rootstock.runtime.lifeline.Lifeline` (its fd in ``$ROOTSTOCK_LIFELINE_FD``):
+when the spawning process is gone, however it died, the worker exits within
+moments, even in the middle of a calculation.
 """
 
 from __future__ import annotations
@@ -25,7 +30,6 @@ import os
 import pwd
 import shutil
 import signal
-import stat
 import subprocess
 import tempfile
 import time
@@ -33,6 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rootstock.errors import EnvNotFound
+from rootstock.runtime.lifeline import LIFELINE_ENV, Lifeline
+from rootstock.runtime.server import can_create_files, is_private_dir, make_private_dir
 
 if TYPE_CHECKING:
     from rootstock.install.layout import InstallLayout
@@ -118,37 +124,45 @@ def _inside(path: Path, roots: list[Path]) -> bool:
     return False
 
 
-def _owned_private_dir(path: Path) -> bool:
-    """True if ``path`` is a real directory owned by us that others cannot write."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+def _usable_cache_dir(path: Path, *, parents: bool) -> bool:
+    """Make ``path`` (0700) if it is missing; True if it is ours, private and writable."""
+    with contextlib.suppress(OSError):
+        if parents:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700)
+    return is_private_dir(path) and can_create_files(path)
+
+
+# The fresh directory of the last resort, made once per process (not once per spawn).
+_last_resort_cache: Path | None = None
 
 
 def compiler_cache_dir(environ: dict[str, str], layout: InstallLayout) -> Path:
     """The per-user directory for compiler caches, never inside the install or cache root.
 
-    ``$XDG_CACHE_HOME/rootstock`` (or ``~/.cache/rootstock``) of the real user,
-    else ``/tmp/rootstock-<uid>`` if we own it, else a fresh private temp dir.
+    ``$XDG_CACHE_HOME/rootstock`` (or ``~/.cache/rootstock``) of the real user; else
+    ``rootstock-<uid>`` in the temp dir (``$TMPDIR``, ``/tmp``), the one fallback per
+    user; else (someone else holds that name, or it is not 0700) a fresh private
+    directory, one per process. Each is used only if it is a real directory we own
+    with mode 0700, and a file can really be created in it.
     """
+    global _last_resort_cache
     shared = [layout.root, layout.cache_root]
     xdg = environ.get("XDG_CACHE_HOME") or str(real_home(environ) / ".cache")
     preferred = Path(xdg) / "rootstock"
-    if not _inside(preferred, shared):
-        try:
-            preferred.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if os.access(preferred, os.W_OK | os.X_OK):
-                return preferred
-        except OSError:
-            pass
-    fallback = Path(f"/tmp/rootstock-{os.getuid()}")
-    with contextlib.suppress(FileExistsError, OSError):
-        fallback.mkdir(mode=0o700)
-    if _owned_private_dir(fallback):
+    if not _inside(preferred, shared) and _usable_cache_dir(preferred, parents=True):
+        return preferred
+    fallback = Path(tempfile.gettempdir()) / f"rootstock-{os.getuid()}"
+    if _usable_cache_dir(fallback, parents=False):
         return fallback
-    return Path(tempfile.mkdtemp(prefix="rootstock-cc-"))
+    if _last_resort_cache is None or not is_private_dir(_last_resort_cache):
+        _last_resort_cache = Path(tempfile.mkdtemp(prefix="rootstock-cc-"))
+        log.warning(
+            "%s is not a private directory of yours; compiler caches go to %s for now",
+            fallback,
+            _last_resort_cache,
+        )
+    return _last_resort_cache
 
 
 def worker_environment(
@@ -188,7 +202,7 @@ def worker_environment(
 
 
 class WorkerProcess:
-    """A started worker: its process group, where its output went, and its tail."""
+    """A started worker: its process group, its lifeline, where its output went."""
 
     def __init__(
         self,
@@ -197,12 +211,15 @@ class WorkerProcess:
         log_path: Path | None,
         log_offset: int = 0,
         owned_dir: Path | None = None,
+        lifeline: Lifeline | None = None,
     ) -> None:
         self.popen = popen
         self.output = output
         self.log_path = log_path
         self.log_offset = log_offset
         self._owned_dir = owned_dir
+        # Held (never written) for as long as the worker may live: our exit closes it.
+        self.lifeline = lifeline
 
     @property
     def pid(self) -> int:
@@ -241,13 +258,21 @@ class WorkerProcess:
         """
         if self.popen.returncode is None:
             exited = grace > 0 and self.wait_exit(grace)
+            # Cut only after the grace: a worker finishing an EXIT keeps its status 0.
+            self._cut_lifeline()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 # Also reaps grandchildren the model may have started (compile workers).
                 os.killpg(self.pid, signal.SIGKILL)
             if not exited:
                 log.debug("worker %d did not exit within %.1f s; killed", self.pid, grace)
             self.popen.wait()
+        self._cut_lifeline()
         return self.popen.returncode
+
+    def _cut_lifeline(self) -> None:
+        if self.lifeline is not None:
+            self.lifeline.close()
+            self.lifeline = None
 
     def output_tail(self, max_bytes: int = 8192, max_lines: int = 60) -> str:
         """The last lines the worker wrote in this run, or a note on where they went."""
@@ -267,7 +292,8 @@ class WorkerProcess:
         return "\n".join(lines[-max_lines:])
 
     def cleanup(self) -> None:
-        """Remove a private output directory this process owns."""
+        """Cut the lifeline and remove a private output directory this process owns."""
+        self._cut_lifeline()
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
             self._owned_dir = None
@@ -284,8 +310,6 @@ def _open_output(
     owned = None
     if target == "capture":
         if run_dir is None:
-            from rootstock.runtime.server import make_private_dir
-
             run_dir = owned = make_private_dir("rootstock-log-")
         path = run_dir / LOG_FILE_NAME
     else:
@@ -365,6 +389,9 @@ def spawn_worker(
     ``capture`` (default: a 0600 file in ``run_dir``), ``stderr``, ``stdout`` or a
     file path; ``$ROOTSTOCK_WORKER_LOG`` overrides it. ``offline=False`` lets the
     model download (the fetch phase of ``add``).
+
+    The worker gets a lifeline: it exits on its own once this process is gone, and
+    :meth:`WorkerProcess.stop` or :meth:`WorkerProcess.cleanup` cut it.
     """
     python = layout.env_python(env_name)
     if not python.exists():
@@ -373,6 +400,7 @@ def spawn_worker(
             hint=f"rebuild it with `rootstock install {env_name} --force`",
         )
     target = os.environ.get(WORKER_LOG_ENV) or output or "capture"
+    lifeline = Lifeline()
     argv = worker_command(
         python,
         env_source=layout.env_source(env_name),
@@ -386,8 +414,13 @@ def spawn_worker(
         connect_timeout=connect_timeout,
         debug=logging.getLogger("rootstock.wire").isEnabledFor(logging.DEBUG),
     )
-    env = worker_environment(layout, env_name, offline=offline)
-    stdout, stderr, log_path, offset, owned = _open_output(target, run_dir)
+    try:
+        env = worker_environment(layout, env_name, offline=offline)
+        env[LIFELINE_ENV] = str(lifeline.child_fd)
+        stdout, stderr, log_path, offset, owned = _open_output(target, run_dir)
+    except BaseException:
+        lifeline.close()
+        raise
     try:
         popen = subprocess.Popen(
             argv,
@@ -396,13 +429,17 @@ def spawn_worker(
             stdout=stdout,
             stderr=stderr,
             close_fds=True,
+            pass_fds=(lifeline.child_fd,),
             # Own group: Ctrl-C in the user's script does not hit the worker mid-frame,
             # and stop() can kill everything the model started.
             start_new_session=True,
         )
-    except OSError as exc:
+    except BaseException as exc:
+        lifeline.close()
         if owned is not None:
             shutil.rmtree(owned, ignore_errors=True)
+        if not isinstance(exc, OSError):
+            raise
         raise EnvNotFound(
             f"cannot start the worker for env {env_name!r} with {python}: {exc}",
             hint=f"check the env, or rebuild it with `rootstock install {env_name} --force`",
@@ -410,8 +447,9 @@ def spawn_worker(
     finally:
         if isinstance(stdout, int) and stdout > 2:
             os.close(stdout)
+    lifeline.child_started()
     log.debug("spawned worker pid %d: %s (output: %s)", popen.pid, " ".join(argv), target)
-    return WorkerProcess(popen, target, log_path, offset, owned)
+    return WorkerProcess(popen, target, log_path, offset, owned, lifeline)
 
 
 def run_download(
@@ -428,7 +466,6 @@ def run_download(
     ``download()`` (or ``setup()``) fails, or when it runs past ``timeout``.
     """
     from rootstock.errors import WorkerError
-    from rootstock.runtime.server import make_private_dir
 
     run_dir = make_private_dir("rootstock-fetch-")
     try:

@@ -2,9 +2,10 @@
 
 Three modes:
 
-* ``calculator`` (spawned by RootstockCalculator): connect first, then run
-  ``setup()``; a failure there is sent back in-band as an ``ERROR`` frame so the
-  user sees the model's traceback as a Python exception.
+* ``calculator`` (spawned by RootstockCalculator): run ``setup()``, then connect;
+  a failure there is sent back in-band as an ``ERROR`` frame so the user sees the
+  model's traceback as a Python exception, and a worker that dies before it
+  connects is known to have died loading the model.
 * ``serve`` (``rootstock serve`` for an external i-PI server): run ``setup()``
   first, then connect, retrying until the server is up; a standard server is
   never kept waiting on a model that is still loading. Errors go to the log.
@@ -14,20 +15,35 @@ Three modes:
 
 The worker never binds a socket and knows nothing about the system until the
 server tells it (JSON INIT) or ``--structure`` names a file.
+
+Started by rootstock, it gets ``$ROOTSTOCK_LIFELINE_FD`` (or ``--lifeline-fd N``):
+the read end of a pipe whose write end only its starter holds. A watchdog thread
+sees end-of-file the moment the starter is gone (however it died) and ends the
+worker with ``STARTER_GONE_EXIT``, even in the middle of a model call. A worker started by
+hand (or by a user's driver) has no lifeline and lives until its server says
+``EXIT`` or closes the connection.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import time
 from typing import Any
 
 from rootstock.errors import ProtocolError
+from rootstock.runtime.lifeline import (
+    LIFELINE_ENV,
+    LIFELINE_OPTION,
+    STARTER_GONE_EXIT,
+    watch_lifeline,
+)
 from rootstock.runtime.protocol import FrameStream
 from rootstock.worker.loop import EXIT_MODEL_ERROR, EXIT_PROTOCOL_ERROR, CapturedError, ServeLoop
 from rootstock.worker.model import ModelRunner, load_env_source, make_calculator
@@ -56,20 +72,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--body-timeout", type=float, default=120.0)
     parser.add_argument("--debug", action="store_true", help="log every frame")
+    parser.add_argument(
+        LIFELINE_OPTION,
+        dest="lifeline_fd",
+        type=int,
+        default=None,
+        help="inherited pipe fd held open by the starter; its EOF ends the worker",
+    )
     return parser.parse_args(argv)
 
 
 def connect(path: str, timeout: float | None) -> socket.socket:
     """Connect to the server's Unix socket, retrying until it is up or ``timeout`` passes."""
+    # A starter that dies while we retry is noticed by the lifeline thread, not
+    # here: os.getppid() read now may already be init's, so it proves nothing.
     deadline = None if not timeout else time.monotonic() + timeout
     delay = 0.005
     announced = False
-    # A worker whose starter died before accepting it would otherwise keep retrying
-    # (and hold GPU memory) until the timeout: once reparented, it gives up.
-    parent = os.getppid()
     while True:
-        if os.getppid() != parent:
-            raise ProtocolError("the process that started this worker is gone; exiting")
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.connect(path)
@@ -100,9 +120,48 @@ def _read_structure(path: str) -> Any:
     return read(path)
 
 
+def _starter_gone() -> None:
+    """The lifeline reached EOF: say so in one line, end what the model started, exit."""
+    # Not the logging module: the main thread may hold its lock mid-record.
+    with contextlib.suppress(OSError):
+        os.write(
+            2,
+            f"rootstock-worker[{os.getpid()}] ERROR rootstock.worker: the process that "
+            "started this worker is gone; exiting\n".encode(),
+        )
+    _end_own_group()
+    os._exit(STARTER_GONE_EXIT)
+
+
+def _end_own_group() -> None:
+    """SIGKILL the other members of our process group (compile workers the model
+    started), which would otherwise outlive us; the worker leads its own group."""
+    me = os.getpid()
+    if os.getpgid(0) != me:
+        return  # started by hand inside someone else's group: not ours to end
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == me:
+                continue
+            with contextlib.suppress(OSError):
+                if os.getpgid(int(entry)) == me:
+                    os.kill(int(entry), signal.SIGKILL)
+
+
+def _fd_number(text: str) -> int | None:
+    return int(text) if text.isdigit() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the worker; returns its exit code."""
     args = parse_args(argv)
+    # Popped, so nothing the model starts mistakes some other fd for a lifeline.
+    inherited = os.environ.pop(LIFELINE_ENV, "")
+    lifeline_fd = args.lifeline_fd if args.lifeline_fd is not None else _fd_number(inherited)
+    if lifeline_fd is not None:
+        # First, before any slow import or setup(): a starter that is already gone
+        # must not wait for the model to load to be noticed.
+        watch_lifeline(lifeline_fd, _starter_gone)
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO,
         format="rootstock-worker[%(process)d] %(levelname)s %(name)s: %(message)s",
@@ -150,14 +209,17 @@ def _download(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
 
 
 def _calculator(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
-    timeout = 60.0 if args.connect_timeout is None else args.connect_timeout
-    stream = FrameStream(connect(args.socket, timeout), peer="calculator")
+    # setup() runs before the connection: a worker that dies while still unconnected
+    # died loading the model, so the client can say so (a segfault in setup() is
+    # not "during a calculation"). A setup() exception still comes back in-band.
     runner, setup_error = None, None
     try:
         runner = _build_runner(args, kwargs)
     except Exception as exc:
         setup_error = CapturedError.current(exc, "setup")
         log.error("setup failed:\n%s", setup_error.traceback)
+    timeout = 60.0 if args.connect_timeout is None else args.connect_timeout
+    stream = FrameStream(connect(args.socket, timeout), peer="calculator")
     loop = ServeLoop(
         stream,
         runner,
