@@ -95,6 +95,16 @@ def fake_built_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
     )
 
 
+@pytest.fixture(scope="session")
+def malformed_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
+    """A root with the malformed-results test env (EMT broken on request), built once."""
+    return build_real_root(
+        tmp_path_factory.mktemp("malformed") / "root",
+        {"malformed-results": TEST_ENVS / "malformed_results.py"},
+        shared_uv_cache,
+    )
+
+
 @pytest.fixture
 def own_root(tmp_path: Path, shared_uv_cache: Path) -> Path:
     """A private real root for a test that edits envs (hotfixes)."""

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rootstock.errors import RootstockError
+from rootstock.errors import RootstockError, WorkerDiedError, WorkerError
 from rootstock.install.envfile import EnvFile
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import device_kind
@@ -234,15 +234,20 @@ def _check_result(energy, forces, stress, natoms: int) -> list[str]:
 def _failure_message(
     exc: RootstockError, env: EnvFile, checkpoint: str, kwargs: dict[str, Any] | None
 ) -> str:
-    lines = [line for line in str(exc).splitlines() if line.strip()]
-    # The model's own last line (e.g. "ValueError: modal is required") says most.
-    last = next(
-        (line.strip() for line in reversed(lines) if "Error" in line or "Exception" in line),
-        lines[0] if lines else str(exc),
-    )
-    message = f"{lines[0]}" if lines else type(exc).__name__
-    if last and last not in message:
-        message += f": {last}"
+    if isinstance(exc, WorkerError) and not isinstance(exc, WorkerDiedError):
+        # The session's message already ends in the model's "Type: text"; the
+        # traceback's last line would repeat it (module-qualified, so unmatched).
+        message = exc.message.strip().splitlines()[0] if exc.message.strip() else type(exc).__name__
+    else:
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        # A dead worker's output tail ends with what killed it (e.g. "MemoryError").
+        last = next(
+            (line.strip() for line in reversed(lines) if "Error" in line or "Exception" in line),
+            lines[0] if lines else str(exc),
+        )
+        message = f"{lines[0]}" if lines else type(exc).__name__
+        if last and last not in message:
+            message += f": {last}"
     if kwargs is None and checkpoint not in env.verify_kwargs:
         message += (
             f" (if {checkpoint} needs a keyword argument, declare it in "

@@ -77,9 +77,11 @@ class RootstockCalculator(Calculator):
     checkpoint:
         A checkpoint id declared by an installed env (``rootstock list``).
     root, cluster, cache_root:
-        Where the install is. ``cluster`` names this machine: it picks
-        ``CLUSTERS`` variants and supplies the root only when ``root``,
-        ``$ROOTSTOCK_ROOT`` and config.toml give none.
+        Where the install is. ``root`` wins. Otherwise ``cluster``, which names
+        this machine and picks ``CLUSTERS`` variants, supplies its registry root,
+        before ``$ROOTSTOCK_ROOT`` and then config.toml. A ``cluster`` that neither
+        the registry nor the install's manifest names is a ``UsageError`` listing
+        the known ones. ``cache_root`` overrides the one ``layout.json`` declares.
     device:
         Passed to the env's ``setup()`` (``cuda``, ``cpu``, ``xpu``, ...).
     setup_kwargs:
@@ -90,6 +92,10 @@ class RootstockCalculator(Calculator):
         the model) or one calculation. ``None`` waits as long as the worker lives.
     weights:
         Your own weights file or directory, only with a ``<family>:custom`` id.
+    allow_nonfinite:
+        Accept NaN or inf in the model's energy, forces and stress. By default
+        they raise :class:`~rootstock.errors.WorkerError` (the worker stays up), as
+        does a result of the wrong type or shape, which is never accepted.
 
     Attributes
     ----------
@@ -115,6 +121,7 @@ class RootstockCalculator(Calculator):
         setup_kwargs: dict[str, Any] | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
         weights: str | os.PathLike | None = None,
+        allow_nonfinite: bool = False,
     ) -> None:
         spec = resolve_worker_spec(
             checkpoint,
@@ -125,25 +132,33 @@ class RootstockCalculator(Calculator):
             setup_kwargs=setup_kwargs,
             weights=weights,
         )
-        self._bind(spec, timeout)
+        self._bind(spec, timeout, allow_nonfinite)
 
     @classmethod
-    def from_spec(cls, spec: WorkerSpec, timeout: float | None = DEFAULT_TIMEOUT):
+    def from_spec(
+        cls,
+        spec: WorkerSpec,
+        timeout: float | None = DEFAULT_TIMEOUT,
+        allow_nonfinite: bool = False,
+    ) -> RootstockCalculator:
         """A calculator for an already resolved :class:`WorkerSpec`.
 
         Verification uses this: ``add`` and ``smoke-test`` have already chosen the
         env (a cluster variant, say), so nothing is resolved a second time.
         """
         calc = cls.__new__(cls)
-        calc._bind(spec, timeout)
+        calc._bind(spec, timeout, allow_nonfinite)
         return calc
 
-    def _bind(self, spec: WorkerSpec, timeout: float | None) -> None:
+    def _bind(self, spec: WorkerSpec, timeout: float | None, allow_nonfinite: bool) -> None:
         Calculator.__init__(self)
         if timeout is not None and not timeout > 0:
             raise UsageError("timeout must be a positive number of seconds, or None")
+        if not isinstance(allow_nonfinite, bool):
+            raise UsageError(f"allow_nonfinite must be True or False, not {allow_nonfinite!r}")
         self.spec: WorkerSpec = spec
         self.timeout = timeout
+        self.allow_nonfinite = allow_nonfinite
         self.parameters.update(
             checkpoint=spec.checkpoint,
             env=spec.env_name,
@@ -180,7 +195,9 @@ class RootstockCalculator(Calculator):
             session.close()  # forked: leave the parent's worker alone, start our own
             session = None
         if session is None or not session.alive:
-            session = self._session = WorkerSession(self.spec, timeout=self.timeout).start()
+            session = self._session = WorkerSession(
+                self.spec, timeout=self.timeout, allow_nonfinite=self.allow_nonfinite
+            ).start()
         return session
 
     def close(self) -> None:

@@ -16,8 +16,9 @@ transpose of an ASE cell, written in C order):
 Rootstock's dialect (see docs/protocol.md) adds two things and changes no frame:
 
 * the ``INIT`` bytes are a JSON object ``{"rootstock": 1, "numbers": [...],
-  "pbc": [...], "info": {...}, "stress": bool, ...}`` describing the system, sent
-  only when it changes and always in the same write as the next ``POSDATA``;
+  "pbc": [...], "info": {...}, "stress": bool, ...}`` describing the system (and
+  ``"allow_nonfinite": true`` when the client accepts NaN and inf), sent only when
+  it changes and always in the same write as the next ``POSDATA``;
 * the worker may answer ``GETFORCE`` with ``ERROR`` (int32 length + a JSON object
   with ``type``, ``message``, ``traceback`` and ``phase``) instead of
   ``FORCEREADY``. Standard i-PI servers never see ``ERROR``;
@@ -234,9 +235,19 @@ def encode_posdata(cell: np.ndarray, positions: np.ndarray) -> bytes:
 def encode_forceready(
     energy: float, forces: np.ndarray, virial: np.ndarray, extra: bytes = b""
 ) -> bytes:
-    """A ``FORCEREADY`` frame from eV, eV/Å and an eV virial (3x3)."""
+    """A ``FORCEREADY`` frame from eV, eV/Å and an eV virial (3x3).
+
+    Forces must be ``(natoms, 3)`` and the virial 3x3: any other shape would be
+    written with a length that does not match its bytes and put the reader out of
+    step, so it raises ValueError instead (the worker checks results first).
+    """
     f = np.asarray(forces, dtype=np.float64) * _SCALE_FORCE
-    v = np.ascontiguousarray(np.asarray(virial, dtype=np.float64).T / HARTREE)
+    if f.ndim != 2 or f.shape[1] != 3:
+        raise ValueError(f"forces of shape {f.shape} cannot be sent; expected (natoms, 3)")
+    v = np.asarray(virial, dtype=np.float64)
+    if v.shape != (3, 3):
+        raise ValueError(f"a virial of shape {v.shape} cannot be sent; expected (3, 3)")
+    v = np.ascontiguousarray(v.T / HARTREE)
     return b"".join(
         (
             FORCEREADY,

@@ -38,6 +38,10 @@ from rootstock.runtime.spec import WorkerSpec
 log = logging.getLogger("rootstock.runtime")
 
 FORWARDED_ARRAYS = ("initial_magmoms", "initial_charges")
+# Error types the worker raises itself when a model's results cannot be sent.
+MALFORMED_TYPES = ("MalformedResult", "NonFiniteResult")
+# How long a worker that closed its connection may take to exit before it is killed.
+EXIT_GRACE_S = 2.0
 
 
 def describe_exit(code: int | None) -> str:
@@ -61,10 +65,18 @@ def describe_exit(code: int | None) -> str:
 class WorkerSession:
     """A started worker for one :class:`WorkerSpec`."""
 
-    def __init__(self, spec: WorkerSpec, *, timeout: float | None, offline: bool = True) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        *,
+        timeout: float | None,
+        offline: bool = True,
+        allow_nonfinite: bool = False,
+    ) -> None:
         self.spec = spec
         self.timeout = timeout
         self.offline = offline
+        self.allow_nonfinite = allow_nonfinite
         self.process: WorkerProcess | None = None
         self.stream: FrameStream | None = None
         self._listener: WorkerListener | None = None
@@ -123,6 +135,14 @@ class WorkerSession:
         )
         try:
             conn = listener.accept(self.timeout, on_wait=self._check_alive)
+        except WorkerTimeout:
+            self.close(graceful=False)
+            # The worker runs setup() before it connects, so loading the model counts.
+            raise WorkerTimeout(
+                f"the worker for {spec.checkpoint!r} did not load the model and connect "
+                f"within {self.timeout:g} s and was stopped",
+                hint="pass a larger timeout= (or None) for slow models or slow filesystems",
+            ) from None
         except BaseException:
             self.close(graceful=False)
             raise
@@ -133,17 +153,35 @@ class WorkerSession:
 
     def _check_alive(self) -> None:
         if self.process is not None and self.process.has_exited():
-            raise self._died("while rootstock waited for it")
+            raise self._died(self._phase())
+
+    def _phase(self) -> str:
+        """Where the worker was: it connects only once setup() has returned."""
+        if self.stream is None:
+            return "while starting up and loading the model (setup)"
+        return "during a calculation"
 
     def _died(self, when: str) -> WorkerDiedError:
+        """Stop what is left of a worker that closed its connection; say what happened."""
         process = self.process
         pid = process.pid if process else None
-        code = process.stop(grace=2.0) if process else None
+        code, outcome = None, describe_exit(None)
+        if process is not None:
+            exited = process.wait_exit(EXIT_GRACE_S)
+            code = process.stop(grace=0.0)
+            outcome = describe_exit(code)
+            if not exited and code == -signal.SIGKILL:
+                # Our own SIGKILL: blaming the out-of-memory killer would send the
+                # user hunting for a memory problem that never happened.
+                outcome = (
+                    f"closed its connection but did not exit within {EXIT_GRACE_S:g} s, "
+                    "so rootstock killed it (SIGKILL)"
+                )
         tail = process.output_tail() if process else ""
         self._teardown()
         return WorkerDiedError(
             f"the worker for {self.spec.checkpoint!r} (env {self.spec.env_name}, pid {pid}) "
-            f"{describe_exit(code)} {when}",
+            f"{outcome} {when}",
             exit_code=code,
             output_tail=tail,
         )
@@ -179,6 +217,8 @@ class WorkerSession:
             }
             if extras:
                 config["extras"] = list(extras)
+            if self.allow_nonfinite:
+                config["allow_nonfinite"] = True
             parts.append(encode_init(config))
         parts.extend(self._posdata.parts(atoms.cell.array, atoms.arrays["positions"]))
         parts.append(GETFORCE)
@@ -188,7 +228,7 @@ class WorkerSession:
             self._sent_key = key
             reply = read_reply(self.stream, len(numbers))
         except PeerClosed:
-            raise self._died("during a calculation") from None
+            raise self._died(self._phase()) from None
         except FrameTimeout:
             self.close(graceful=False)
             raise WorkerTimeout(
@@ -204,17 +244,37 @@ class WorkerSession:
             self._sent_key = None
             if reply.phase == "setup":
                 self.close(graceful=True)
-            where = "setup()" if reply.phase == "setup" else "the calculation"
             raise WorkerError(
-                f"{self.spec.checkpoint!r} (env {self.spec.env_name}) raised "
-                f"{reply.type} in {where}: {reply.message}",
+                self._error_message(reply),
                 remote_traceback=reply.traceback,
                 hint=self._error_hint(reply),
             )
         self.usage.force_calls += 1
         return reply
 
+    def _error_message(self, reply: ErrorReply) -> str:
+        """One line naming the checkpoint, the phase and the model's own message.
+
+        The message ends in ``Type: text``, the traceback's own last line, so a
+        reader that adds that line (verification does) finds it already there.
+        """
+        who = f"{self.spec.checkpoint!r} (env {self.spec.env_name})"
+        if reply.type in MALFORMED_TYPES:
+            return f"{who} returned a result that cannot be used: {reply.message}"
+        where = "setup()" if reply.phase == "setup" else "the calculation"
+        return f"{who} failed in {where}: {reply.type}: {reply.message}"
+
     def _error_hint(self, reply: ErrorReply) -> str | None:
+        if reply.type == "NonFiniteResult":
+            return (
+                "the worker is still running; pass allow_nonfinite=True to "
+                "RootstockCalculator to receive NaN and inf as they are"
+            )
+        if reply.type == "MalformedResult":
+            return (
+                "the worker is still running; the calculator that setup() returns in "
+                f"envs/{self.spec.env_name}/env_source.py must fill ASE's shapes"
+            )
         if reply.phase != "setup":
             return None
         if reply.type == "WeightsNotLoaded":

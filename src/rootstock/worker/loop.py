@@ -3,7 +3,8 @@
 The same loop serves rootstock's calculator (which consolidates INIT, POSDATA and
 GETFORCE into one write and understands ``ERROR`` replies) and standard i-PI
 servers such as ASE's ``SocketIOCalculator`` and i-PI itself (which poll STATUS
-and never see ``ERROR``: a model error there is logged and ends the worker).
+and never see ``ERROR``: a model error there is logged and ends the worker, which
+closes the connection so the server stops at that step).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rootstock.runtime.protocol import (
     encode_forceready,
     read_message,
 )
-from rootstock.worker.model import ModelRunner
+from rootstock.worker.model import MalformedResult, ModelRunner
 
 log = logging.getLogger("rootstock.worker")
 
@@ -45,8 +46,18 @@ class CapturedError:
 
     @classmethod
     def current(cls, exc: BaseException, phase: str) -> CapturedError:
+        """Capture ``exc``; a malformed result keeps no traceback (it would show only
+        the worker's own check, never the model's code)."""
+        if isinstance(exc, MalformedResult):
+            return cls(type(exc).__name__, str(exc), "", phase)
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         return cls(type(exc).__name__, str(exc), text, phase)
+
+    def log_text(self) -> str:
+        """What the worker's log says about this error."""
+        if not self.traceback:
+            return f"{self.type}: {self.message}"
+        return self.traceback.rstrip()
 
     def frame(self) -> bytes:
         return encode_error(self.type, self.message, self.traceback, self.phase)
@@ -144,7 +155,13 @@ class ServeLoop:
         if error is None:
             raise ProtocolError("no result to send")
         if not self.inband_errors:
-            log.error("the model raised during %s:\n%s", error.phase, error.traceback)
+            # A standard server has no error frame: closing the connection (the caller
+            # does, on return) stops it at this step instead of integrating garbage.
+            log.error(
+                "the model failed during %s; closing the connection:\n%s",
+                error.phase,
+                error.log_text(),
+            )
             return EXIT_MODEL_ERROR
         self.stream.send(error.frame())
         if error.phase == "setup":

@@ -8,6 +8,13 @@ Besides energy, forces and the virial, a calculation reports (in the FORCEREADY
 extra JSON, rootstock clients only) the model's dtype and the ASE extras it fills
 (``magmoms``, ``charges``, ``energies``, ``dipole``), and the values of the extras
 the client asked for; see docs/protocol.md.
+
+Every result is checked before it is encoded: a property of the wrong type or
+shape would otherwise be written with the wrong length and put the stream out of
+step (forces of shape (n, 4)) or leave the client waiting for bytes that never
+come (n, 2). A bad result raises :class:`MalformedResult`, which the loop reports
+like any model error; NaN or inf raises :class:`NonFiniteResult` unless the client
+allowed them.
 """
 
 from __future__ import annotations
@@ -34,6 +41,85 @@ ARRAYS_FORWARDED = ("initial_magmoms", "initial_charges")
 
 class WeightsNotLoaded(Exception):
     """``setup_from_path()`` raised on the user's weights; the message names the path."""
+
+
+class MalformedResult(ValueError):
+    """The model returned a property of the wrong type or shape; the message names both."""
+
+
+class NonFiniteResult(MalformedResult):
+    """The model returned NaN or inf in its energy, forces or stress."""
+
+
+def _real_array(name: str, value: Any) -> np.ndarray:
+    """``value`` as a float64 array, or MalformedResult when it is not real numbers."""
+    if isinstance(value, str | bytes):
+        raise MalformedResult(f"the model's {name} is a string ({value[:40]!r}), not numbers")
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu().numpy()  # a torch tensor, possibly on an accelerator
+    try:
+        array = np.asarray(value)
+    except Exception as exc:  # whatever a foreign __array__ raises; the message says which
+        raise MalformedResult(
+            f"the model's {name} ({type(value).__name__}) cannot be read as numbers: {exc}"
+        ) from None
+    if array.dtype.kind not in "iuf":
+        what = type(value).__name__ if array.ndim == 0 else f"an array of {array.dtype}"
+        raise MalformedResult(
+            f"the model's {name} is {what} with shape {array.shape}, not real numbers"
+        )
+    return array.astype(np.float64, copy=False)
+
+
+def checked_energy(name: str, value: Any) -> float:
+    """An energy (or free energy) as a float: one real number, any array rank."""
+    array = _real_array(name, value)
+    if array.size != 1:
+        raise MalformedResult(
+            f"the model's {name} has shape {array.shape}, expected a single number"
+        )
+    return float(array.reshape(()))
+
+
+def checked_forces(value: Any, natoms: int) -> np.ndarray:
+    """Forces as a float64 array of shape (natoms, 3)."""
+    array = _real_array("forces", value)
+    if array.shape != (natoms, 3):
+        raise MalformedResult(
+            f"the model's forces have shape {array.shape}, expected ({natoms}, 3) "
+            f"for {natoms} atoms"
+        )
+    return array
+
+
+def checked_stress(value: Any) -> np.ndarray:
+    """A stress as a 3x3 float64 array: Voigt (6,) or already 3x3 (as matgl returns)."""
+    from ase.stress import voigt_6_to_full_3x3_stress
+
+    array = _real_array("stress", value)
+    if array.shape == (6,):
+        return voigt_6_to_full_3x3_stress(array)
+    if array.shape == (3, 3):
+        return array
+    raise MalformedResult(
+        f"the model's stress has shape {array.shape}, expected (6,) (Voigt order) or (3, 3)"
+    )
+
+
+def check_finite(name: str, value: float | np.ndarray) -> None:
+    """Raise NonFiniteResult naming the first NaN or inf in ``value``."""
+    array = np.asarray(value)
+    finite = np.isfinite(array)
+    if finite.all():
+        return
+    if array.ndim == 0:
+        raise NonFiniteResult(f"the model's {name} is {float(array)}")
+    first = tuple(int(i) for i in np.unravel_index(int(np.argmin(finite)), array.shape))
+    where = ", ".join(map(str, first))
+    raise NonFiniteResult(
+        f"the model's {name} has {int(array.size - finite.sum())} non-finite value(s) "
+        f"of {array.size} (shape {array.shape}); {name}[{where}] is {float(array[first])}"
+    )
 
 
 class _FreshSourceLoader(importlib.machinery.SourceFileLoader):
@@ -110,6 +196,8 @@ class ModelRunner:
         self.atoms: Any = None
         self.want_stress = False
         self.lenient_stress = False
+        # NaN or inf in energy, forces or stress is an error unless the client says so.
+        self.allow_nonfinite = False
         self._direct = _is_plain_ase_calculator(calc)
         self._fresh = True
         self._last_cell: bytes | None = None
@@ -145,6 +233,7 @@ class ModelRunner:
         self._attach(atoms)
         self.want_stress = bool(config.get("stress"))
         self.lenient_stress = False
+        self.allow_nonfinite = config.get("allow_nonfinite") is True
         self.dialect = True
         wanted = config.get("extras") or []
         if not isinstance(wanted, list):
@@ -175,8 +264,14 @@ class ModelRunner:
         self.atoms = atoms
         self._fresh = True
 
-    def compute(self, cell: np.ndarray, positions: np.ndarray) -> tuple[float, Any, Any, bytes]:
-        """Energy (eV), forces (eV/Å), virial (eV) and the extra bytes for one geometry."""
+    def compute(
+        self, cell: np.ndarray, positions: np.ndarray
+    ) -> tuple[float, np.ndarray, np.ndarray, bytes]:
+        """Energy (eV), forces (eV/Å), virial (eV) and the extra bytes for one geometry.
+
+        Raises MalformedResult (NonFiniteResult) when the model's results cannot be
+        sent as they are.
+        """
         atoms = self.atoms
         if atoms is None:
             raise RuntimeError(
@@ -196,18 +291,35 @@ class ModelRunner:
         if results is None:
             energy = atoms.get_potential_energy()
             forces = atoms.get_forces()
-            virial = self._virial(atoms) if stress_wanted else np.zeros((3, 3))
+            stress = self._public_stress() if stress_wanted else None
         else:
-            energy, forces, virial = results
-        return energy, forces, virial, self._extra(energy, len(atoms))
+            energy, forces, stress = results
+        natoms = len(atoms)
+        energy = checked_energy("energy", energy)
+        forces = checked_forces(forces, natoms)
+        if stress is None:
+            virial = np.zeros((3, 3))
+        else:
+            stress = checked_stress(stress)
+            virial = -atoms.get_volume() * stress
+        if not self.allow_nonfinite:
+            check_finite("energy", energy)
+            check_finite("forces", forces)
+            if stress is not None:
+                check_finite("stress", stress)
+        return energy, forces, virial, self._extra(energy, natoms)
 
     def _extra(self, energy: float, natoms: int) -> bytes:
         """The FORCEREADY extra bytes: empty unless there is something to say."""
         results = getattr(self.calc, "results", None) or {}
         doc: dict[str, Any] = {}
         free = results.get("free_energy")
-        if free is not None and free != energy:
-            doc["free_energy"] = float(free)
+        if free is not None:
+            free = checked_energy("free_energy", free)
+            if not self.allow_nonfinite:
+                check_finite("free_energy", free)
+            if free != energy:
+                doc["free_energy"] = free
         self._probe = ()
         if self.dialect:
             filled = frozenset(n for n in EXTRA_PROPERTIES if results.get(n) is not None)
@@ -220,7 +332,10 @@ class ModelRunner:
                 if value is None and name in self._advertised and not self._direct:
                     value = self._public_extra(name)
                 if value is not None:
-                    doc[name] = extra_array(name, value, natoms).tolist()
+                    try:
+                        doc[name] = extra_array(name, value, natoms).tolist()
+                    except ValueError as exc:
+                        raise MalformedResult(str(exc)) from None
         if not doc:
             return b""
         return json.dumps(doc).encode("ascii")
@@ -273,25 +388,22 @@ class ModelRunner:
         results = calc.results
         if not all(name in results for name in properties[:required]):
             return None  # the public path fills in what this calculator left out
-        virial = np.zeros((3, 3))
-        if stress_wanted:
-            from ase.stress import voigt_6_to_full_3x3_stress
+        stress = results["stress"] if stress_wanted else None
+        return results["energy"], results["forces"], stress
 
-            stress = np.asarray(results["stress"])
-            if stress.shape == (6,):
-                stress = voigt_6_to_full_3x3_stress(stress)
-            virial = -self.atoms.get_volume() * stress
-        return results["energy"], results["forces"], virial
+    def _public_stress(self) -> Any:
+        """The model's stress as it returns it (checked by the caller), or None.
 
-    def _virial(self, atoms: Any) -> np.ndarray:
+        Taken from the calculator rather than ``atoms.get_stress()``, whose shape
+        check is an ``assert``; the worker's atoms carry no constraints to apply.
+        """
         from ase.calculators.calculator import PropertyNotImplementedError
 
         try:
-            stress = atoms.get_stress(voigt=False)
+            return self.calc.get_stress(self.atoms)
         except PropertyNotImplementedError:
             if not self.lenient_stress:
                 raise
             log.warning("the model computes no stress; sending a zero virial")
             self.want_stress = False
-            return np.zeros((3, 3))
-        return -atoms.get_volume() * stress
+            return None
