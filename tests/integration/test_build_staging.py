@@ -96,9 +96,13 @@ def test_killed_install_leaves_no_process_and_the_next_install_sweeps(
         log.close()
     left = sorted(p.name for p in (own_root / ".build").iterdir())
     assert any(name.endswith(OWNER_SUFFIX) for name in left), left  # the crash's staging
+    # What a kill between activate()'s symlink and its replace would leave.
+    dangling = own_root / "envs" / ".emt.link-0badf00d"
+    dangling.symlink_to(".emt.gone")
 
     run_rootstock("install", "emt", "--force", "--root", own_root, "--no-push", timeout=600)
     assert sorted(p.name for p in (own_root / ".build").iterdir()) == []
+    assert not dangling.is_symlink()
     subprocess.run(
         [own_root / "envs" / "emt" / "bin" / "python", "-c", "import ase"], check=True, timeout=60
     )

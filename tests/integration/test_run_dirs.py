@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -123,13 +124,18 @@ def test_the_sweep_removes_only_dead_owners_of_this_host(tmpdir_base, tmp_path):
     garbled = fake_run_dir(tmpdir_base, "garbled", {"host": here})
     unreadable = tmpdir_base / "rootstock-oldstyle"  # no owner file: an older rootstock's
     unreadable.mkdir()
+    # No owner record and two days old: its maker died between mkdtemp and the record.
+    abandoned = tmpdir_base / "rootstock-abandoned"
+    abandoned.mkdir()
+    two_days_ago = time.time() - 2 * 24 * 3600
+    os.utime(abandoned, (two_days_ago, two_days_ago))
     not_ours = fake_run_dir(tmpdir_base, "notours", {"host": here, "pid": dead_pid()})
     os.chown(not_ours, NOBODY, NOBODY)
     target = fake_run_dir(tmp_path, "target", {"host": here, "pid": dead_pid()})
     link = tmpdir_base / "rootstock-link"
     link.symlink_to(target)
     removed = server.sweep_dead_run_dirs(tmpdir_base)
-    assert sorted(removed) == sorted([dead, reused, rebooted])
+    assert sorted(removed) == sorted([dead, reused, rebooted, abandoned])
     for kept in (alive, elsewhere, garbled, unreadable, not_ours, link, target):
         assert kept.exists(), kept
 

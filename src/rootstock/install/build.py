@@ -489,7 +489,13 @@ def activate(layout: InstallLayout, result: BuildResult) -> Path:
 
 def _prune_old_builds(layout: InstallLayout, name: str, keep: set) -> None:
     for candidate in layout.envs_dir.glob(f".{name}.*"):
-        if candidate.is_symlink() or Path(os.path.realpath(candidate)) in keep:
+        if candidate.is_symlink():
+            # A temp link of an activate() killed between symlink and replace; we
+            # hold this env's lock, so no live activate() owns it.
+            if candidate.name.startswith(f".{name}.link-"):
+                candidate.unlink(missing_ok=True)
+            continue
+        if Path(os.path.realpath(candidate)) in keep:
             continue
         if candidate.is_dir():
             shutil.rmtree(candidate, ignore_errors=True)

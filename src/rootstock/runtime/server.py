@@ -35,6 +35,9 @@ log = logging.getLogger("rootstock.runtime")
 SOCKET_NAME = "worker.sock"
 OWNER_FILE = "owner.json"
 RUN_DIR_PREFIX = "rootstock-"
+#: A run dir of ours with no owner record (its maker was killed between mkdtemp and
+#: writing the record, or it predates records) is swept only once it is this old.
+UNOWNED_RUN_DIR_AGE_S = 24 * 3600
 # sun_path holds 108 bytes on Linux (104 on macOS); stay clear of both.
 _MAX_SOCKET_PATH = 100
 ACCEPT_SLICE_S = 0.1
@@ -150,8 +153,15 @@ def sweep_dead_run_dirs(base: Path) -> list[Path]:
             fd = os.open(path / OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, encoding="utf-8") as fh:
                 record = json.loads(fh.read(4096))
+        except FileNotFoundError:
+            # Still being made (fresh), or its maker died before the record: the
+            # age tells them apart. No record says which host, so be patient.
+            if time.time() - st.st_mtime > UNOWNED_RUN_DIR_AGE_S:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+            continue
         except (OSError, ValueError):
-            continue  # not a run dir, still being made, or made by an older rootstock
+            continue  # not a run dir of ours
         if owner_is_gone(record):
             shutil.rmtree(path, ignore_errors=True)
             log.debug("removed %s (its owner, pid %s, is gone)", path, record.get("pid"))
