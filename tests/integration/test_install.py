@@ -280,8 +280,11 @@ def test_concurrent_installs_cannot_both_claim_an_id(scratch_root: Path, tmp_pat
 
 def test_install_rejects_unknown_name(scratch_root: Path):
     proc = run_rootstock("install", "nosuchenv", "--force", "--root", scratch_root, check=False)
-    assert proc.returncode == 1
-    assert "neither a file nor a registered env" in proc.stderr
+    assert proc.returncode == 2  # a name typed on the command line: a usage error
+    assert "unknown env 'nosuchenv'" in proc.stderr
+    missing = run_rootstock("install", "nosuchenv.py", "--root", scratch_root, check=False)
+    assert missing.returncode == 1
+    assert "env file nosuchenv.py does not exist" in missing.stderr
 
 
 def test_status_json_shape(emt_root: Path):

@@ -499,11 +499,12 @@ def test_install_warns_up_front_and_never_blocks(base: Path, client_python: str)
     as_user(MAINT, "mkdir", root, umask="022")
     os.chmod(root, 0o755)  # no setgid, no ACLs: what a root without setup-perms looks like
     rootstock_as(MAINT, client_python, "init", "--root", root, "--cluster", "testbox", "--yes")
-    proc = rootstock_as(MAINT, client_python, "install", "nosuchenv", "--root", root, check=False)
+    missing = base / "nosuchenv.py"  # a path, not a name: checked after the warning
+    proc = rootstock_as(MAINT, client_python, "install", missing, "--root", root, check=False)
     assert "warning: other users may not be able to use" in proc.stderr
     assert "no setgid bit" in proc.stderr
-    assert "neither a file nor a registered env" in proc.stderr  # it went on regardless
-    args = ("install", "nosuchenv", "--root", root, "--no-perm-check")
+    assert f"env file {missing} does not exist" in proc.stderr  # it went on regardless
+    args = ("install", missing, "--root", root, "--no-perm-check")
     quiet = rootstock_as(MAINT, client_python, *args, check=False)
     assert "warning: other users" not in quiet.stderr
     assert quiet.returncode == proc.returncode
