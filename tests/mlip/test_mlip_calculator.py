@@ -126,5 +126,5 @@ def test_chgnet_custom_weights_equal_the_shipped_checkpoint(mlip_root: Path, tmp
     shutil.copyfile(shipped.stdout.strip(), weights)
     custom = through_calculator(mlip_root, "chgnet:custom", weights=weights)
     named = through_calculator(mlip_root, "chgnet-0.3.0")
-    assert custom["energy"] == pytest.approx(named["energy"], rel=1e-6)
-    np.testing.assert_allclose(custom["forces"], named["forces"], rtol=1e-6, atol=1e-6)
+    # Two worker processes, float32: threaded reductions differ by a few 1e-6 (seen 4e-6).
+    assert_close(custom, named)
