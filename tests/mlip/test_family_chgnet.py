@@ -27,7 +27,10 @@ from tests.mlip.family import (
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1200)]
 
 CHECKPOINT = "chgnet-0.3.0"
-FLOAT32_RTOL = 1e-5
+# CHGNet on this CPU settles, run to run and in-process too, on one of two results
+# that differ by up to 1.4e-4 of the largest force, 5e-4 of the stress and 4e-6 of
+# the energy (CI, 2026-12-01); a wrong unit, structure or model is off by far more.
+FLOAT32_RTOL = 1e-3
 
 
 def test_chgnet_magmoms_match_in_process(mlip_root: Path, same_threads):

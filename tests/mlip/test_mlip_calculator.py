@@ -126,5 +126,6 @@ def test_chgnet_custom_weights_equal_the_shipped_checkpoint(mlip_root: Path, tmp
     shutil.copyfile(shipped.stdout.strip(), weights)
     custom = through_calculator(mlip_root, "chgnet:custom", weights=weights)
     named = through_calculator(mlip_root, "chgnet-0.3.0")
-    # Two worker processes, float32: threaded reductions differ by a few 1e-6 (seen 4e-6).
-    assert_close(custom, named)
+    # CHGNet settles on one of two results run to run, in-process too (up to 1.4e-4
+    # of the largest force; see test_family_chgnet.py); different weights differ by far more.
+    assert_close(custom, named, rtol=1e-3)
