@@ -41,6 +41,15 @@ REAP_LIMIT_S = 10.0
 # -- the harness (runs in its own process) -------------------------------------------
 
 
+def is_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (an orphan may wait for a reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
 def become_subreaper() -> None:
     """Adopt every orphaned descendant (Linux 3.4+); raise if the kernel refuses."""
     libc = ctypes.CDLL(None, use_errno=True)

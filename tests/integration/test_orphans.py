@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.killing import is_running
+
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(600)]
 
 GONE_WITHIN_S = 5.0
@@ -36,15 +38,6 @@ def private_tmpdir(monkeypatch):
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     yield base
     shutil.rmtree(base, ignore_errors=True)
-
-
-def is_running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (an orphan may wait for a reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 def wait_gone(pid: int, timeout: float) -> bool:

@@ -17,6 +17,7 @@ from rootstock.errors import WorkerDiedError
 from rootstock.install.envs import load_installed_env
 from rootstock.install.layout import resolve_layout
 from rootstock.ops.verify import run_verification
+from tests.integration.killing import is_running
 
 pytestmark = pytest.mark.timeout(600)  # the first test waits for the session's env build
 
@@ -35,15 +36,6 @@ def cu():
     atoms = bulk("Cu", "fcc", a=3.62, cubic=True) * (2, 1, 1)
     atoms.rattle(0.05, seed=5)
     return atoms
-
-
-def is_running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_segfault_in_setup_is_reported_as_loading_the_model(malformed_root: Path):

@@ -19,6 +19,7 @@ from ase.calculators.emt import EMT
 import rootstock
 from rootstock import RootstockCalculator
 from rootstock.errors import WorkerError, WorkerTimeout
+from tests.integration.killing import is_running
 
 from .conftest import SAMPLE_EMT, build_fake_root
 
@@ -35,15 +36,6 @@ def emt_energy(atoms) -> float:
     ref = atoms.copy()
     ref.calc = EMT()
     return ref.get_potential_energy()
-
-
-def is_running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie (orphans may wait for a reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def wait_gone(pid: int, timeout: float = 20.0) -> bool:
