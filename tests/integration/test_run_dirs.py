@@ -140,6 +140,16 @@ def test_the_sweep_removes_only_dead_owners_of_this_host(tmpdir_base, tmp_path):
         assert kept.exists(), kept
 
 
+def test_a_run_dir_swept_by_another_process_mid_sweep_is_skipped(tmpdir_base, monkeypatch):
+    # Two starters sweep at once: a name listed by one is gone by the time it looks.
+    dead = fake_run_dir(tmpdir_base, "dead", {"host": socket.gethostname(), "pid": dead_pid()})
+    listdir = os.listdir
+    monkeypatch.setattr(
+        server.os, "listdir", lambda p: ["rootstock-vanished", *listdir(p)]
+    )
+    assert server.sweep_dead_run_dirs(tmpdir_base) == [dead]
+
+
 def test_the_sweep_never_judges_another_hosts_owner():
     assert not server.owner_is_gone({"host": "node-b", "pid": dead_pid()})
     assert not server.owner_is_gone({"host": "node-b", "pid": os.getpid(), "boot": "x"})

@@ -148,8 +148,11 @@ def sweep_dead_run_dirs(base: Path) -> list[Path]:
         path = Path(base) / name
         try:
             st = os.lstat(path)
-            if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-                continue
+        except OSError:
+            continue  # gone already: another process swept it first
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        try:
             fd = os.open(path / OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, encoding="utf-8") as fh:
                 record = json.loads(fh.read(4096))
