@@ -18,7 +18,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from rootstock.dashboard import ingest, views
-from rootstock.dashboard.credentials import CLUSTER_NAME_PATTERN
 from rootstock.dashboard.db import begin_write
 from rootstock.dashboard.models import Cluster
 from rootstock.dashboard.schemas import (
@@ -33,6 +32,7 @@ from rootstock.dashboard.schemas import (
     UsageIn,
     UsageOut,
 )
+from rootstock.names import CLUSTER_NAME_PATTERN
 
 router = APIRouter()
 

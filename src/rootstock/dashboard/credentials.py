@@ -25,11 +25,11 @@ from sqlalchemy.orm import Session
 
 from rootstock.dashboard.models import ApiKey, ApiKeyCluster, Cluster, utc_now
 from rootstock.errors import RootstockError, UnknownCluster, UsageError
+from rootstock.names import CLUSTER_NAME_RULE, is_cluster_name
 
 KEY_PREFIX = "rsk_"
 KEY_ID_PATTERN = re.compile(r"rsk_[0-9a-f]{24}")
 SECRET_PATTERN = re.compile(r"[A-Za-z0-9_-]{16,128}")
-CLUSTER_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 HASH_SCHEME = "hmac-sha256"
 # Hashed in place of a missing key, so an unknown key id costs the same as a known one.
 _DUMMY_HASH = f"{HASH_SCHEME}${'00' * 16}${'00' * 32}"
@@ -63,12 +63,10 @@ class IssuedKey:
 
 
 def validate_cluster_name(name: str) -> str:
-    """``name`` if it is a valid cluster name (lower-case, at most 64 characters)."""
-    if not isinstance(name, str) or not CLUSTER_NAME_PATTERN.fullmatch(name):
+    """``name`` if it is a valid cluster name as stored (:mod:`rootstock.names`)."""
+    if not is_cluster_name(name):
         raise UsageError(
-            f"{name!r} is not a valid cluster name",
-            hint="use lower-case letters, digits, '.', '_' and '-', starting with a letter "
-            "or digit, at most 64 characters (the name rootstock's registry uses)",
+            f"{name!r} is not a valid cluster name", hint=f"a cluster name is {CLUSTER_NAME_RULE}"
         )
     return name
 

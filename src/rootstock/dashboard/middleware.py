@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from rootstock.dashboard import credentials
+from rootstock.names import is_cluster_name
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -126,8 +127,7 @@ class GuardMiddleware:
                 # No key can be scoped to a name that could never be added (a NUL in it
                 # would even make PostgreSQL refuse the query): refused without asking.
                 if cluster is not None and not (
-                    credentials.CLUSTER_NAME_PATTERN.fullmatch(cluster)
-                    and credentials.may_write(session, key, cluster)
+                    is_cluster_name(cluster) and credentials.may_write(session, key, cluster)
                 ):
                     return Refusal(403, f"this API key may not write to cluster {cluster!r}")
                 scope["state"]["rootstock_api_key_id"] = key.id

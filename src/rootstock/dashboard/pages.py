@@ -21,8 +21,8 @@ from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 
 from rootstock.dashboard import views
-from rootstock.dashboard.credentials import CLUSTER_NAME_PATTERN
 from rootstock.install.manifest import parse_time as manifest_time
+from rootstock.names import CLUSTER_NAME_PATTERN
 
 router = APIRouter(include_in_schema=False)
 

@@ -52,8 +52,13 @@ def atomic_write_text(path: Path, text: str, mode: int | None = None) -> None:
 
 
 def atomic_write_json(path: Path, obj: Any, mode: int | None = None) -> None:
-    """Write ``obj`` as indented, key-sorted JSON with a trailing newline."""
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n", mode)
+    """Write ``obj`` as indented, key-sorted JSON with a trailing newline.
+
+    Standard JSON only: NaN or an infinity raises ``ValueError`` before anything is
+    written (Python would write ``NaN``, which no other JSON reader accepts).
+    """
+    text = json.dumps(obj, indent=2, sort_keys=True, allow_nan=False)
+    atomic_write_text(path, text + "\n", mode)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -13,8 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rootstock.errors import ManifestError, UsageError
+from rootstock.errors import ManifestError
 from rootstock.install.manifest.migrations import migrate, schema_version_of
+from rootstock.names import cluster_name
 
 MANIFEST_VERSION = 2
 VERIFICATION_STATES = ("verified", "failed", "drifted")
@@ -45,11 +46,11 @@ def utc_now() -> str:
 
 
 def normalize_cluster(name: str) -> str:
-    """Cluster names are case-insensitive, as in the registry: store them lower-case."""
-    cleaned = str(name).strip().lower()
-    if not cleaned:
-        raise UsageError("a cluster name cannot be empty", hint="pass --cluster NAME")
-    return cleaned
+    """Cluster names are case-insensitive, as in the registry: store them lower-case.
+
+    Refuses a name outside the one rule (:func:`rootstock.names.cluster_name`).
+    """
+    return cluster_name(name)
 
 
 def unique(items: Iterable[str]) -> list[str]:

@@ -1,0 +1,110 @@
+"""Strict parsing of the JSON and TOML files (and command-line JSON) rootstock reads.
+
+Every reader turns bad input into one exception, :class:`ParseProblem`, whose
+message says what is wrong in words a user can act on; the caller wraps it in the
+right :class:`~rootstock.errors.RootstockError` with the file's path and a hint.
+
+* Text must be UTF-8.
+* JSON is standard JSON: ``NaN``, ``Infinity``, ``-Infinity`` and numbers that
+  overflow a float (``1e999``) are refused (Python's ``json`` accepts and writes
+  them; nothing else does).
+* Nesting is bounded. The stdlib parsers recurse, so a file nested 100,000 deep
+  raises ``RecursionError``, which is not a decode error; it is caught here and
+  reported like one. A value that parsed but nests deeper than ``max_depth`` is
+  refused too (:func:`check_depth`), so no later walk can recurse out of stack.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from typing import Any
+
+# Deeper than any file of ours legitimately nests (the manifest reaches about 9).
+MAX_DEPTH = 64
+
+
+class ParseProblem(ValueError):
+    """Why a text could not be parsed; the message is user-facing."""
+
+
+def loads_json(raw: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse standard JSON, refusing non-UTF-8, NaN/Infinity and deep nesting."""
+    if isinstance(raw, bytes | bytearray):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ParseProblem("not UTF-8 text") from None
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ParseProblem(_too_deep(max_depth)) from None
+    except json.JSONDecodeError as exc:
+        raise ParseProblem(
+            f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+        ) from None
+    check_depth(value, max_depth)
+    return value
+
+
+def loads_toml(raw: str | bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
+    """Parse TOML, refusing non-UTF-8 and deep nesting."""
+    if isinstance(raw, bytes | bytearray):
+        try:
+            raw = bytes(raw).decode("utf-8")
+        except UnicodeDecodeError:
+            raise ParseProblem("not UTF-8 text") from None
+    try:
+        value = tomllib.loads(raw)
+    except RecursionError:
+        raise ParseProblem(_too_deep(max_depth)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ParseProblem(f"invalid TOML ({exc})") from None
+    check_depth(value, max_depth)
+    return value
+
+
+def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
+    """Raise :class:`ParseProblem` if ``value`` nests lists/dicts deeper than ``max_depth``.
+
+    Iterative, so it cannot itself run out of stack.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > max_depth:
+            raise ParseProblem(_too_deep(max_depth))
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def dumps_json(value: Any, **options: Any) -> str:
+    """``json.dumps`` that refuses NaN and infinities instead of writing non-standard JSON.
+
+    Raises :class:`ParseProblem` naming the problem.
+    """
+    try:
+        return json.dumps(value, allow_nan=False, **options)
+    except ValueError as exc:
+        raise ParseProblem(f"cannot be written as standard JSON: {exc}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ParseProblem(f"{name} is not standard JSON (only finite numbers are)")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # 1e999 parses as inf
+        raise ParseProblem(f"{text} is out of range for a number")
+    return number
+
+
+def _too_deep(max_depth: int) -> str:
+    return f"nested deeper than {max_depth} levels"
