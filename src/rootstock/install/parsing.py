@@ -29,6 +29,10 @@ class ParseProblem(ValueError):
     """Why a text could not be parsed; the message is user-facing."""
 
 
+class TooDeep(ParseProblem):
+    """The text parsed, or would have, but nests deeper than the bound."""
+
+
 def loads_json(raw: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     """Parse standard JSON, refusing non-UTF-8, NaN/Infinity and deep nesting."""
     if isinstance(raw, bytes | bytearray):
@@ -39,7 +43,7 @@ def loads_json(raw: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     try:
         value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
-        raise ParseProblem(_too_deep(max_depth)) from None
+        raise TooDeep(_too_deep(max_depth)) from None
     except json.JSONDecodeError as exc:
         raise ParseProblem(
             f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
@@ -58,7 +62,7 @@ def loads_toml(raw: str | bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
     try:
         value = tomllib.loads(raw)
     except RecursionError:
-        raise ParseProblem(_too_deep(max_depth)) from None
+        raise TooDeep(_too_deep(max_depth)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ParseProblem(f"invalid TOML ({exc})") from None
     check_depth(value, max_depth)
@@ -68,7 +72,7 @@ def loads_toml(raw: str | bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
 def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
     """Raise :class:`ParseProblem` if ``value`` nests lists/dicts deeper than ``max_depth``.
 
-    Iterative, so it cannot itself run out of stack.
+    Raises :class:`TooDeep`. Iterative, so it cannot itself run out of stack.
     """
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
@@ -80,7 +84,7 @@ def check_depth(value: Any, max_depth: int = MAX_DEPTH) -> None:
         else:
             continue
         if depth > max_depth:
-            raise ParseProblem(_too_deep(max_depth))
+            raise TooDeep(_too_deep(max_depth))
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
 
 
