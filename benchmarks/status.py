@@ -14,7 +14,12 @@ uv cache: about 10 s) and times `smoke-test --device cpu` with `--jobs 2` agains
 `--jobs 1`: target <= 0.7x. It needs uv's cache or the network; `--no-build`
 skips it.
 
+`--baseline REF` also times `status --json` and `--help` of the commit REF (a
+git worktree of it, imported through PYTHONPATH) alternately with this checkout's,
+on the same synthetic install, and reports this checkout's time over REF's.
+
     python benchmarks/status.py [--quick] [--repeat N] [--no-build] [--uv-cache DIR]
+                                [--baseline REF]
 
 Reports a table; never asserts (these machines are too noisy for that).
 """
@@ -204,6 +209,9 @@ def main() -> None:
         default=Path(os.environ.get("UV_CACHE_DIR") or Path.home() / ".cache" / "uv"),
         help="uv cache for the EMT build (default: $UV_CACHE_DIR or ~/.cache/uv)",
     )
+    parser.add_argument(
+        "--baseline", metavar="REF", help="also time status and --help of this git commit"
+    )
     args = parser.parse_args()
     repeat = 3 if args.quick else args.repeat
     smoke_repeat = 1 if args.quick else 2
@@ -231,14 +239,20 @@ def main() -> None:
             "ase": [python, "-c", "import ase"],
             "pass": [python, "-c", "pass"],
         }
+        envs = dict.fromkeys(commands, env)
+        if args.baseline:
+            base_env = {**env, "PYTHONPATH": str(baseline_tree(work, args.baseline) / "src")}
+            for name in ("status", "help"):
+                commands[f"base-{name}"] = commands[name]
+                envs[f"base-{name}"] = base_env
         for _ in range(2):  # write the bytecode, then warm the page cache
-            for argv in commands.values():
-                run(argv, env=env)
+            for name, argv in commands.items():
+                run(argv, env=envs[name])
         check_status(commands["status"], env)
         times: dict[str, list[float]] = {name: [] for name in commands}
         for _ in range(repeat):
             for name, argv in commands.items():
-                times[name].append(timed(lambda argv=argv: run(argv, env=env)))
+                times[name].append(timed(lambda argv=argv, e=envs[name]: run(argv, env=e)))
         t = {name: median(values) for name, values in times.items()}
         help_limit = 1.2 * t["pass"] + 0.1
         rows += [
@@ -257,11 +271,41 @@ def main() -> None:
                 "yes" if t["help"] <= help_limit else "no",
             ),
         ]
+        if args.baseline:
+            for name in ("status", "help"):
+                rows.append(
+                    (
+                        f"{name}: this checkout / {args.baseline}",
+                        f"{t[name]:.3f} s / {t['base-' + name]:.3f} s"
+                        f" = {t[name] / t['base-' + name]:.2f}x",
+                        "<= 1.05x",
+                        "yes" if t[name] <= 1.05 * t["base-" + name] else "no",
+                    )
+                )
         if not args.no_build:
             rows += smoke_rows(work, env, rootstock, args.uv_cache, smoke_repeat)
         print_table(f"status benchmark (median of {repeat}, {python})", rows)
     finally:
+        if args.baseline:
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(work / "baseline")],
+                capture_output=True,
+            )
         shutil.rmtree(work, ignore_errors=True)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def baseline_tree(work: Path, ref: str) -> Path:
+    """A detached git worktree of ``ref`` (removed again when the run ends)."""
+    tree = work / "baseline"
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), ref],
+        check=True,
+        capture_output=True,
+    )
+    return tree
 
 
 def smoke_rows(work: Path, env: dict, rootstock: list, uv_cache: Path, repeat: int) -> list:
