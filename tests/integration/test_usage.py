@@ -26,7 +26,7 @@ import pytest
 
 from rootstock.install.layout import InstallLayout
 from rootstock.install.usage import DISABLE_ENV, SALT_NAME, read_records, user_hash
-from rootstock.ops.usage import tally_records
+from rootstock.ops.usage import name_digest, tally_records
 from tests.conftest import ROOTSTOCK, make_root, run_rootstock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -247,8 +247,13 @@ def test_spool_problems_record_nothing_and_break_nothing(shared_root: Path, acco
 # --- compact under SIGKILL ---------------------------------------------------------------
 
 
-def synthetic_spool(spool: Path, count: int, batch: int = 0) -> list[dict]:
-    """``count`` records over three months, two envs and five users; returns them."""
+def synthetic_spool(
+    spool: Path, count: int, batch: int = 0, names: list[str] | None = None
+) -> list[dict]:
+    """``count`` records over three months, two envs and five users; returns them.
+
+    Their file names are appended to ``names`` when given.
+    """
     rng = random.Random(batch)
     records = []
     for i in range(count):
@@ -263,8 +268,11 @@ def synthetic_spool(spool: Path, count: int, batch: int = 0) -> list[dict]:
             "force_calls": rng.randint(0, 50),
             "user": f"hash{rng.randint(0, 4)}",
         }
-        (spool / f"20261101T000000Z-{batch:02d}{i:06d}.json").write_text(json.dumps(record))
+        name = f"20261101T000000Z-{batch:02d}{i:06d}.json"
+        (spool / name).write_text(json.dumps(record))
         records.append(record)
+        if names is not None:
+            names.append(name)
     return records
 
 
@@ -325,11 +333,12 @@ def test_compact_killed_mid_run_keeps_totals(tmp_path: Path):
         return {"rows": report["rows"], "totals": report["totals"]}
 
     generated: list[dict] = []
+    names: list[str] = []
     rng = random.Random()
     interrupted = 0
     for batch in range(12):
         if not any(spool.glob("*.json")):  # nothing left to fold: give it more work
-            generated += synthetic_spool(spool, count, batch)
+            generated += synthetic_spool(spool, count, batch, names)
         proc = compact_cmd(args)
         time.sleep(rng.uniform(0.4, 1.0) * full)
         os.killpg(proc.pid, signal.SIGKILL)
@@ -348,3 +357,11 @@ def test_compact_killed_mid_run_keeps_totals(tmp_path: Path):
     assert totals() == expected_report(generated)
     rollups = sorted(p.name for p in (spool / "rollups").glob("*.json"))
     assert rollups == ["2026-09.json", "2026-10.json", "2026-11.json"]
+    # Schema 2: counts and a digest, no names once settled; each name folded exactly
+    # once however the kills fell (digests add up across months: a sum of hashes).
+    bodies = [json.loads((spool / "rollups" / name).read_text()) for name in rollups]
+    assert all(b["version"] == 2 and b["pending"] == [] and "folded" not in b for b in bodies)
+    assert sum(b["folded_count"] for b in bodies) == len(generated) == len(names)
+    digest = sum(int(b["folded_digest"], 16) for b in bodies) % (1 << 256)
+    assert digest == name_digest(names)
+    assert all((spool / "rollups" / name).stat().st_size < 4096 for name in rollups)

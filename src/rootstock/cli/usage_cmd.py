@@ -18,6 +18,7 @@ def usage() -> None:
 @click.option("--since", metavar="YYYY-MM", help="Only months from this one on.")
 def report(root, cluster, cache_root, as_json, since):
     """Distinct users, sessions and force calls by month, env and checkpoint."""
+    from rootstock.install.usage import TORN_RECORD_MAX_AGE_DAYS
     from rootstock.ops.usage import check_month, usage_report
 
     check_month(since)
@@ -26,7 +27,10 @@ def report(root, cluster, cache_root, as_json, since):
         emit_json(result)
         return
     if result["unreadable_records"]:
-        warn(f"{result['unreadable_records']} record(s) could not be read and were skipped")
+        warn(
+            f"{result['unreadable_records']} record(s) could not be read and were skipped "
+            f"(`usage compact` deletes them once they are {TORN_RECORD_MAX_AGE_DAYS} days old)"
+        )
     if not result["rows"]:
         click.echo(f"no usage recorded in {result['spool']}")
         return
@@ -54,6 +58,7 @@ def report(root, cluster, cache_root, as_json, since):
 @root_options
 def compact(root, cluster, cache_root):
     """Fold raw records into monthly rollups and delete the folded records."""
+    from rootstock.install.usage import TORN_RECORD_MAX_AGE_DAYS
     from rootstock.ops.usage import compact as run_compact
 
     result = run_compact(layout_from(root, cluster, cache_root))
@@ -61,10 +66,20 @@ def compact(root, cluster, cache_root):
         f"folded {result.folded} record(s) into {len(result.months)} month(s); "
         f"deleted {result.deleted}"
     )
+    if result.torn_removed:
+        click.echo(
+            f"removed {result.torn_removed} unreadable record(s) older than "
+            f"{TORN_RECORD_MAX_AGE_DAYS} days"
+        )
+    if result.torn_kept:
+        warn(
+            f"{result.torn_kept} unreadable record(s) skipped and kept (younger than "
+            f"{TORN_RECORD_MAX_AGE_DAYS} days, or not yours to delete); they are never counted"
+        )
     if result.undeletable:
         warn(
             f"{len(result.undeletable)} folded record(s) could not be deleted (run compact as "
-            "the spool's owner); they are listed in the rollups and never counted twice"
+            "the spool's owner); they stay named in the rollups and are never counted twice"
         )
 
 

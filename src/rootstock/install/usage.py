@@ -8,6 +8,10 @@ broken spool reach the user's calculation: recording swallows every error.
 Records are created with ``O_EXCL`` under unique names; the sticky bit keeps
 users from deleting each other's. ``usage compact`` folds them into monthly
 rollups under ``{usage}/rollups/``. See docs/usage-statistics.md for the fields.
+
+Anyone may write into the spool, so whatever is read from it is checked
+(:func:`parse_record`); a record that fails is skipped, never counted, and
+deleted by compact once it is :data:`TORN_RECORD_MAX_AGE_S` old.
 """
 
 from __future__ import annotations
@@ -15,17 +19,20 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
-import json
 import logging
 import os
 import pwd
+import re
 import secrets
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from rootstock.install.parsing import ParseProblem, dumps_json, loads_json
 
 log = logging.getLogger("rootstock.usage")
 
@@ -166,7 +173,7 @@ def write_record(spool: Path, record: dict[str, Any]) -> Path | None:
         return None
     salt = read_or_create_salt(spool)
     body = dict(record, user=user_hash(salt, current_username()))
-    data = (json.dumps(body, sort_keys=True) + "\n").encode("utf-8")
+    data = (dumps_json(body, sort_keys=True) + "\n").encode("utf-8")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = spool / f"{stamp}-{secrets.token_hex(8)}.json"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, RECORD_MODE)
@@ -180,6 +187,17 @@ def write_record(spool: Path, record: dict[str, Any]) -> Path | None:
 
 # --- reading ---------------------------------------------------------------------------
 
+# Far above any real record (about 250 bytes); anyone can write into the spool, so a
+# file this big is junk, and compact should not read gigabytes to find that out.
+RECORD_MAX_BYTES = 64 * 1024
+# A record compact cannot read is kept this long (by mtime) and then deleted: long
+# enough that a session still writing it, or a recent crash, can be inspected first.
+TORN_RECORD_MAX_AGE_DAYS = 7
+TORN_RECORD_MAX_AGE_S = TORN_RECORD_MAX_AGE_DAYS * 24 * 3600
+# The month must be safe to use in a rollup's file name, whoever wrote the record.
+_START = re.compile(r"^\d{4}-(0[1-9]|1[0-2])-\d{2}T")
+_REQUIRED_TEXT = ("env", "checkpoint", "user")
+
 
 def record_month(record: dict[str, Any]) -> str:
     """``YYYY-MM`` of a record's (UTC) start time."""
@@ -188,13 +206,61 @@ def record_month(record: dict[str, Any]) -> str:
 
 def is_record_name(name: str) -> bool:
     """Raw record files: ``<utc>-<random>.json``, never dot-files or temp files."""
-    return name.endswith(".json") and not name.startswith(".")
+    return (
+        name.endswith(".json")
+        and not name.startswith(".")
+        and "/" not in name
+        and "\0" not in name
+        and len(name) <= 255
+    )
+
+
+def parse_record(raw: bytes) -> dict[str, Any]:
+    """One record's content, checked; raises :class:`ParseProblem` saying what is wrong.
+
+    Required: ``start`` (``YYYY-MM-DDT...``), non-empty strings ``env``,
+    ``checkpoint`` and ``user``, and ``force_calls`` a count or null when present.
+    """
+    record = loads_json(raw)
+    if not isinstance(record, dict):
+        raise ParseProblem("not a JSON object")
+    start = record.get("start")
+    if not isinstance(start, str) or not _START.match(start):
+        raise ParseProblem("start is not a UTC time YYYY-MM-DDTHH:MM:SSZ")
+    for key in _REQUIRED_TEXT:
+        if not isinstance(record.get(key), str) or not record[key]:
+            raise ParseProblem(f"{key} is not a non-empty string")
+    calls = record.get("force_calls")
+    if calls is not None and (type(calls) is not int or calls < 0):
+        raise ParseProblem("force_calls is neither a count nor null")
+    return record
+
+
+def read_record_file(path: Path) -> dict[str, Any]:
+    """Read and check one record; raises OSError or :class:`ParseProblem`.
+
+    Opened without following links and without blocking, and only if it is a
+    regular file: the spool is world-writable, so a name swapped for a FIFO or a
+    link between the listing and the read must not hang or mislead compact.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ParseProblem("not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            raw = fh.read(RECORD_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > RECORD_MAX_BYTES:
+        raise ParseProblem(f"larger than {RECORD_MAX_BYTES} bytes")
+    return parse_record(raw)
 
 
 def read_records(spool: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Raw records by file name, plus the names that could not be read or parsed.
 
-    A record being written right now may be unreadable; it is skipped, not removed.
+    A record being written right now may be unreadable; it is skipped here, and
+    :func:`expire_torn_records` removes it only once it is old.
     """
     records: dict[str, dict[str, Any]] = {}
     unreadable: list[str] = []
@@ -202,16 +268,46 @@ def read_records(spool: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
         if not is_record_name(entry.name) or not entry.is_file(follow_symlinks=False):
             continue
         try:
-            record = json.loads(Path(entry.path).read_text(encoding="utf-8"))
-            if not isinstance(record, dict):
-                raise ValueError("not an object")
-            record_month(record)
-            str(record["env"]), str(record["checkpoint"]), str(record["user"])
-        except (OSError, ValueError, KeyError, TypeError):
+            records[entry.name] = read_record_file(Path(entry.path))
+        except (OSError, ParseProblem):
             unreadable.append(entry.name)
-            continue
-        records[entry.name] = record
     return records, unreadable
+
+
+@dataclass(frozen=True)
+class TornRecords:
+    """What :func:`expire_torn_records` did with the records nobody can read."""
+
+    removed: list[str]
+    kept: list[str]
+
+
+def expire_torn_records(spool: Path, names: list[str], now: float | None = None) -> TornRecords:
+    """Delete the unreadable records ``names`` last modified over 7 days ago.
+
+    A younger one is kept: its session may still be writing it (records are
+    written in one call right after they are created, so that window is short), or
+    its crash is recent enough to look at. One that cannot be deleted (another
+    user's, in a sticky spool) is kept too. ``now`` is a ``time.time()`` value.
+    """
+    now = time.time() if now is None else now
+    removed: list[str] = []
+    kept: list[str] = []
+    for name in names:
+        path = spool / name
+        try:
+            info = path.lstat()
+            if not stat.S_ISREG(info.st_mode) or now - info.st_mtime <= TORN_RECORD_MAX_AGE_S:
+                kept.append(name)
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            continue  # gone already: nothing to remove or keep
+        except OSError:
+            kept.append(name)
+            continue
+        removed.append(name)
+    return TornRecords(removed, kept)
 
 
 _entry_point: contextvars.ContextVar[str] = contextvars.ContextVar(

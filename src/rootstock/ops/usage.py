@@ -3,29 +3,38 @@ the report's counts: :func:`rootstock.ops.push.push_usage`).
 
 A monthly rollup (``{usage}/rollups/YYYY-MM.json``) stores, per (env, checkpoint),
 the sessions, the force calls and the *set* of user hashes, so distinct-user
-counts stay right however many compactions a month sees. It also lists the raw
-records it has folded in: a record is deleted only after the rollup naming it is
-on disk, and a record already named is never counted again. A ``compact`` killed
-at any point therefore leaves a state from which a re-run (or ``report``) gives
-the same totals.
+counts stay right however many compactions a month sees. Of the raw records it has
+folded in it keeps a count and a digest, and the names only of those that may
+still be on disk (``pending``): a record is deleted only after the rollup naming
+it is on disk, and a record named there is never counted again. A ``compact``
+killed at any point therefore leaves a state from which a re-run (or ``report``)
+gives the same totals. Schema 1 rollups (every folded name listed) are read and
+rewritten as schema 2 by the next compact.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rootstock.errors import RootstockError, UsageError
 from rootstock.install.atomic import atomic_write_json
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
-from rootstock.install.usage import ROLLUPS_DIR, read_records, record_month
+from rootstock.install.parsing import ParseProblem, loads_json
+from rootstock.install.usage import (
+    ROLLUPS_DIR,
+    expire_torn_records,
+    is_record_name,
+    read_records,
+    record_month,
+)
 
-ROLLUP_VERSION = 1
+ROLLUP_VERSION = 2
 REPORT_VERSION = 1
 _MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
 
@@ -68,22 +77,53 @@ def tally_records(records: Iterable[dict[str, Any]]) -> dict[Key, Tally]:
 
 # --- rollups ---------------------------------------------------------------------------
 
+_DIGEST_MOD = 1 << 256
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class UsageRollupError(RootstockError):
+    """A monthly rollup file that cannot be read or does not hold a valid rollup."""
+
+
+def name_digest(names: Iterable[str]) -> int:
+    """The order-independent digest of record names: sum of their sha256, mod 2**256.
+
+    A sum rather than XOR, so a name folded twice changes the digest instead of
+    cancelling out.
+    """
+    total = 0
+    for name in names:
+        total += int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest(), "big")
+    return total % _DIGEST_MOD
+
 
 @dataclass
 class Rollup:
-    """One month's folded counts and the names of the records folded into them."""
+    """One month's folded counts, and the names of folded records that may still exist.
+
+    ``folded_count`` and ``folded_digest`` stand for every record ever folded in
+    (no names, so the file stays small). ``pending`` names the folded records not
+    yet known to be deleted: those of the compaction in progress (or of one that
+    was killed before deleting them), and those compact could not delete. A
+    record named there is never counted again.
+    """
 
     month: str
     groups: dict[tuple[str, str], Tally] = field(default_factory=dict)
-    folded: set[str] = field(default_factory=set)
+    folded_count: int = 0
+    folded_digest: int = 0
+    pending: set[str] = field(default_factory=set)
+    migrated: bool = False  # read from an older schema: compact rewrites it
 
     def fold(self, name: str, record: dict[str, Any]) -> bool:
-        """Fold one record in; False (and no change) when it was folded before."""
-        if name in self.folded:
+        """Fold one record in; False (and no change) when it is pending already."""
+        if name in self.pending:
             return False
         key = (str(record["env"]), str(record["checkpoint"]))
         self.groups.setdefault(key, Tally()).add_record(record)
-        self.folded.add(name)
+        self.folded_count += 1
+        self.folded_digest = (self.folded_digest + name_digest([name])) % _DIGEST_MOD
+        self.pending.add(name)
         return True
 
     def to_json(self) -> dict[str, Any]:
@@ -101,31 +141,127 @@ class Rollup:
                 }
                 for (env, checkpoint), t in sorted(self.groups.items())
             ],
-            "folded": sorted(self.folded),
+            "folded_count": self.folded_count,
+            "folded_digest": f"{self.folded_digest:064x}",
+            "pending": sorted(self.pending),
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Rollup:
-        """Parse a rollup file's content; raises RootstockError on a newer schema."""
-        if int(data.get("version", 0)) > ROLLUP_VERSION:
-            raise RootstockError(
-                f"usage rollup for {data.get('month')} was written by a newer rootstock",
+    def from_json(cls, data: Any, where: str = "usage rollup") -> Rollup:
+        """Check and parse a rollup file's content (schema 1 or 2).
+
+        Raises :class:`UsageRollupError` naming ``where`` and the JSON path of the
+        first bad field, or saying the file is from a newer rootstock.
+        """
+        check = _Checker(where)
+        data = check.of(data, dict, "the file")
+        version = check.count(data, "version", "version")
+        if version > ROLLUP_VERSION:
+            raise UsageRollupError(
+                f"{where} has schema version {version}: written by a newer rootstock",
                 hint="upgrade rootstock before compacting or reporting",
             )
-        rollup = cls(month=str(data["month"]), folded=set(data.get("folded", [])))
-        for group in data.get("groups", []):
-            rollup.groups[(group["env"], group["checkpoint"])] = Tally(
-                int(group["sessions"]), int(group["force_calls"]), set(group["users"])
+        if version < 1:
+            check.fail("version", f"{version} is not a rollup schema version")
+        month = check.of(data.get("month"), str, "month")
+        if not _MONTH.match(month):
+            check.fail("month", f"{month!r} is not a month YYYY-MM")
+        rollup = cls(month=month)
+        for i, group in enumerate(check.of(data.get("groups"), list, "groups")):
+            at = f"groups[{i}]"
+            group = check.of(group, dict, at)
+            key = (check.text(group, "env", at), check.text(group, "checkpoint", at))
+            if key in rollup.groups:
+                check.fail(at, f"a second entry for env {key[0]!r}, checkpoint {key[1]!r}")
+            users = check.of(group.get("users"), list, f"{at}.users")
+            for j, user in enumerate(users):
+                check.of(user, str, f"{at}.users[{j}]")
+            rollup.groups[key] = Tally(
+                check.count(group, "sessions", at),
+                check.count(group, "force_calls", at),
+                set(users),
+            )
+        if version == 1:
+            # Schema 1 named every folded record; every one may still be on disk.
+            names = check.names(data, "folded")
+            rollup.folded_count, rollup.folded_digest = len(names), name_digest(names)
+            rollup.pending, rollup.migrated = names, True
+        else:
+            rollup.folded_count = check.count(data, "folded_count", "folded_count")
+            digest = check.of(data.get("folded_digest"), str, "folded_digest")
+            if not _HEX64.match(digest):
+                check.fail("folded_digest", "is not 64 lower-case hex digits")
+            rollup.folded_digest = int(digest, 16)
+            rollup.pending = check.names(data, "pending")
+        sessions = sum(t.sessions for t in rollup.groups.values())
+        if sessions != rollup.folded_count:
+            check.fail(
+                "groups",
+                f"hold {sessions} session(s) but {rollup.folded_count} record(s) were folded",
             )
         return rollup
 
 
+class _Checker:
+    """Type checks for one rollup file, each failure naming the file and the JSON path."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, path: str, problem: str) -> NoReturn:
+        raise UsageRollupError(
+            f"{self.where} is invalid: {path}: {problem}",
+            hint="rollups are written only by `rootstock usage compact`; restore this file "
+            "from a backup, or move it out of rollups/ (its month's counts go with it)",
+        )
+
+    def of(self, value: Any, kind: type, path: str) -> Any:
+        # bool is an int to Python, never to a rollup
+        if not isinstance(value, kind) or isinstance(value, bool):
+            self.fail(path, f"should be {_json_kind(kind)}, is {_json_kind(type(value))}")
+        return value
+
+    def count(self, data: dict[str, Any], key: str, at: str) -> int:
+        path = key if at == key else f"{at}.{key}"
+        value = self.of(data.get(key), int, path)
+        if value < 0:
+            self.fail(path, f"{value} is negative")
+        return value
+
+    def text(self, data: dict[str, Any], key: str, at: str) -> str:
+        value = self.of(data.get(key), str, f"{at}.{key}")
+        if not value:
+            self.fail(f"{at}.{key}", "is empty")
+        return value
+
+    def names(self, data: dict[str, Any], key: str) -> set[str]:
+        names = self.of(data.get(key), list, key)
+        for i, name in enumerate(names):
+            if not isinstance(name, str) or not is_record_name(name):
+                self.fail(f"{key}[{i}]", f"{name!r} is not a record file name")
+        return set(names)
+
+
+def _json_kind(kind: type) -> str:
+    """A Python type as the JSON reader of an error message knows it."""
+    return {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        int: "a whole number",
+        float: "a fractional number",
+        bool: "true or false",
+        type(None): "null or missing",
+    }.get(kind, kind.__name__)
+
+
 def rollup_path(spool: Path, month: str) -> Path:
+    """Where the rollup of ``month`` lives."""
     return spool / ROLLUPS_DIR / f"{month}.json"
 
 
 def load_rollups(spool: Path) -> dict[str, Rollup]:
-    """Every monthly rollup in the spool, by month."""
+    """Every monthly rollup in the spool, by month; any bad one raises UsageRollupError."""
     directory = spool / ROLLUPS_DIR
     if not directory.is_dir():
         return {}
@@ -134,13 +270,19 @@ def load_rollups(spool: Path) -> dict[str, Rollup]:
         if path.name.startswith(".") or not _MONTH.match(path.stem):
             continue
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise RootstockError(
+            data = loads_json(path.read_bytes())
+        except (OSError, ParseProblem) as exc:
+            raise UsageRollupError(
                 f"usage rollup {path} is unreadable ({exc})",
-                hint="rollups are written atomically; restore it from a backup or remove it",
+                hint="rollups are written atomically; restore it from a backup, or move it "
+                "out of rollups/ (its month's counts go with it)",
             ) from None
-        rollups[path.stem] = Rollup.from_json(data)
+        rollup = Rollup.from_json(data, where=f"usage rollup {path}")
+        if rollup.month != path.stem:
+            _Checker(f"usage rollup {path}").fail(
+                "month", f"{rollup.month!r} is not the month its file name says"
+            )
+        rollups[path.stem] = rollup
     return rollups
 
 
@@ -175,7 +317,7 @@ def usage_report(layout: InstallLayout, since: str | None = None) -> dict[str, A
     spool = spool_of(layout)
     rollups = load_rollups(spool)
     records, unreadable = read_records(spool)
-    folded = set().union(*(r.folded for r in rollups.values())) if rollups else set()
+    folded = pending_names(rollups)
     tallies = tally_records(rec for name, rec in records.items() if name not in folded)
     for month, rollup in rollups.items():
         for (env, checkpoint), tally in rollup.groups.items():
@@ -211,49 +353,89 @@ def usage_report(layout: InstallLayout, since: str | None = None) -> dict[str, A
     }
 
 
+def pending_names(rollups: dict[str, Rollup]) -> set[str]:
+    """Names of folded records that may still be on disk: never to be counted again."""
+    return set().union(*(r.pending for r in rollups.values())) if rollups else set()
+
+
 @dataclass(frozen=True)
 class CompactResult:
-    """What one ``usage compact`` did."""
+    """What one ``usage compact`` did.
+
+    ``torn_removed`` and ``torn_kept`` count the unreadable records deleted for
+    being over 7 days old and those kept (younger, or not ours to delete).
+    """
 
     folded: int
     deleted: int
     undeletable: list[str]
     months: list[str]
+    torn_removed: int = 0
+    torn_kept: int = 0
+
+
+def _delete_record(path: Path) -> None:
+    """Delete one folded record (a seam: tests make it fail to stage a crash)."""
+    path.unlink()
 
 
 def compact(layout: InstallLayout, lock_timeout: float | None = 60.0) -> CompactResult:
     """Fold raw records into monthly rollups, then delete the folded records.
 
-    Order makes it crash-safe: each rollup (counts plus the names folded) is
-    written atomically and fsynced before any record it names is deleted; a record
-    already named is skipped, so a re-run after a kill never counts it twice.
+    The order makes it crash-safe:
+
+    1. every rollup that gained records is written (atomically, fsynced) with its
+       counts and, in ``pending``, the names of the records just folded;
+    2. then the records named in any ``pending`` are deleted;
+    3. then those rollups are written again with ``pending`` emptied of what was
+       deleted (an undeletable record stays named).
+
+    A record named in ``pending`` is never counted again, so a compact killed
+    after step 1 and re-run (or a ``report`` in between) gives the same totals.
+    A bad rollup raises :class:`UsageRollupError` before anything is written.
     """
     spool = spool_of(layout)
     (spool / ROLLUPS_DIR).mkdir(mode=0o755, exist_ok=True)
     with FileLock(spool / ROLLUPS_DIR / ".compact.lock", timeout=lock_timeout, what="compact"):
         rollups = load_rollups(spool)
-        records, _unreadable = read_records(spool)
+        records, unreadable = read_records(spool)
+        already = pending_names(rollups)
         changed: set[str] = set()
         folded = 0
         for name, record in records.items():
+            if name in already:
+                continue
             month = record_month(record)
-            rollup = rollups.setdefault(month, Rollup(month))
-            if rollup.fold(name, record):
+            if rollups.setdefault(month, Rollup(month)).fold(name, record):
                 changed.add(month)
                 folded += 1
         for month in sorted(changed):
-            atomic_write_json(rollup_path(spool, month), rollups[month].to_json(), mode=0o644)
+            _write_rollup(spool, rollups[month])
         deleted, undeletable = 0, []
-        for name, record in records.items():
-            if name not in rollups[record_month(record)].folded:
-                continue
-            try:
-                (spool / name).unlink()
-                deleted += 1
-            except FileNotFoundError:
-                pass
-            except OSError:
-                # Sticky spool: only the spool's owner (or root) may delete others'
-                # records. They stay, named in the rollup, and are never recounted.
-                undeletable.append(name)
-    return CompactResult(folded, deleted, undeletable, sorted(changed))
+        settled = {month for month, rollup in rollups.items() if rollup.migrated}
+        for month, rollup in sorted(rollups.items()):
+            still: set[str] = set()
+            for name in sorted(rollup.pending):
+                try:
+                    _delete_record(spool / name)
+                    deleted += 1
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    # Sticky spool: only the spool's owner (or root) may delete others'
+                    # records. They stay, named in pending, and are never recounted.
+                    undeletable.append(name)
+                    still.add(name)
+            if still != rollup.pending:
+                rollup.pending = still
+                settled.add(month)
+        for month in sorted(settled):
+            _write_rollup(spool, rollups[month])
+        torn = expire_torn_records(spool, unreadable)
+    return CompactResult(
+        folded, deleted, undeletable, sorted(changed), len(torn.removed), len(torn.kept)
+    )
+
+
+def _write_rollup(spool: Path, rollup: Rollup) -> None:
+    atomic_write_json(rollup_path(spool, rollup.month), rollup.to_json(), mode=0o644)
