@@ -13,14 +13,17 @@ TOML file named by ``$ROOTSTOCK_CLUSTERS_FILE``::
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rootstock import names
 from rootstock.errors import ConfigError, UsageError
+from rootstock.install.config import absolute_path_problem
+from rootstock.install.parsing import ParseProblem, loads_toml
 
 CLUSTERS_FILE_ENV = "ROOTSTOCK_CLUSTERS_FILE"
+_ENTRY_FORM = 'each entry is [clusters.NAME] with root = "/path" and an optional cache_root'
 
 
 @dataclass(frozen=True)
@@ -53,38 +56,79 @@ BUILTIN_CLUSTERS: dict[str, Cluster] = {
 
 
 def load_registry() -> dict[str, Cluster]:
-    """Return the built-in clusters, extended or overridden by the site file."""
+    """Return the built-in clusters, extended or overridden by the site file.
+
+    Raises :class:`ConfigError` naming the file for one that is missing, not
+    UTF-8, not TOML, nested too deep, or has an entry whose ``root`` (or
+    ``cache_root``) is not an absolute path string. An entry whose name breaks
+    the cluster-name rule is skipped with a
+    :class:`~rootstock.names.StoredNameWarning`: no command could name it.
+    """
     registry = dict(BUILTIN_CLUSTERS)
     path_text = os.environ.get(CLUSTERS_FILE_ENV)
     if not path_text:
         return registry
     path = Path(path_text).expanduser()
     try:
-        data = tomllib.loads(path.read_text())
+        data = loads_toml(path.read_bytes())
     except FileNotFoundError:
         raise ConfigError(
             f"{CLUSTERS_FILE_ENV} names {path}, which does not exist",
             hint=f"create it or unset {CLUSTERS_FILE_ENV}",
         ) from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, ParseProblem) as exc:
         raise ConfigError(
             f"cannot read the cluster registry {path}: {exc}",
-            hint='fix the TOML; each entry is [clusters.NAME] with root = "/path"',
+            hint=f"fix the file (UTF-8 TOML); {_ENTRY_FORM}",
         ) from None
     entries = data.get("clusters", {})
     if not isinstance(entries, dict):
-        raise ConfigError(f"{path}: [clusters] must be a table of tables")
+        raise ConfigError(f"{path}: [clusters] must be a table of tables", hint=_ENTRY_FORM)
+    from_file: dict[str, str] = {}
     for name, entry in entries.items():
-        if not isinstance(entry, dict) or not isinstance(entry.get("root"), str):
+        cluster = _registry_entry(path, name, entry)
+        if cluster is None:
+            continue
+        if cluster.name in from_file:
             raise ConfigError(
-                f'{path}: [clusters.{name}] needs root = "/path"',
-                hint="add a root key with the install root of that cluster",
+                f"{path}: [clusters.{from_file[cluster.name]}] and [clusters.{name}] "
+                f"both name cluster {cluster.name!r} (names are case-insensitive)",
+                hint="keep one of the two entries",
             )
-        cache = entry.get("cache_root")
-        registry[name.lower()] = Cluster(
-            name.lower(), Path(entry["root"]), Path(cache) if isinstance(cache, str) else None
-        )
+        from_file[cluster.name] = name
+        registry[cluster.name] = cluster
     return registry
+
+
+def _registry_entry(path: Path, name: str, entry: object) -> Cluster | None:
+    """One ``[clusters.NAME]`` table as a :class:`Cluster`; None for a skipped name."""
+    if not isinstance(entry, dict) or "root" not in entry:
+        raise ConfigError(
+            f'{path}: [clusters.{name}] needs root = "/path"',
+            hint="add a root key with the install root of that cluster",
+        )
+    # Shared by every user of the site, so no ``~``: it would be a different home each.
+    for key in ("root", "cache_root"):
+        if key not in entry:
+            continue
+        problem = absolute_path_problem(entry[key])
+        if problem:
+            raise ConfigError(
+                f"{path}: [clusters.{name}] {key} {problem}",
+                hint=f'write {key} = "/absolute/path" ({_ENTRY_FORM})',
+            )
+    if not names.is_cluster_name(name.strip().lower()):
+        names.warn_stored_name(
+            "cluster name",
+            name,
+            f"the cluster registry {path}",
+            f"the entry is skipped; rename it ({names.CLUSTER_NAME_RULE})",
+        )
+        return None
+    cache = entry.get("cache_root")
+    return Cluster(
+        name.strip().lower(), Path(entry["root"]), Path(cache) if cache is not None else None
+    )
 
 
 def get_cluster(name: str) -> Cluster:

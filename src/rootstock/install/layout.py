@@ -19,14 +19,13 @@ re-point an install that has declared its own cache root.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from rootstock.errors import LayoutError, RootNotFound
+from rootstock.errors import LayoutError, RootNotFound, UsageError
 from rootstock.install.atomic import atomic_write_json
 from rootstock.install.clusters import (
     Cluster,
@@ -34,10 +33,12 @@ from rootstock.install.clusters import (
     load_registry,
     unknown_cluster_error,
 )
-from rootstock.install.config import config_path, load_config
+from rootstock.install.config import absolute_path_problem, config_path, load_config, type_name
+from rootstock.install.parsing import ParseProblem, loads_json
 
 LAYOUT_VERSION = 1
 ROOT_ENV = "ROOTSTOCK_ROOT"
+_LAYOUT_FORM = f'{{"layout_version": {LAYOUT_VERSION}, "cache_root": "/absolute/path" or null}}'
 
 
 @dataclass(frozen=True)
@@ -196,38 +197,87 @@ def _absolute(path: str | os.PathLike) -> Path:
 
 
 def read_layout(root: Path) -> dict[str, Any] | None:
-    """Return ``{root}/layout.json``, or None if the install has none yet."""
+    """Return ``{root}/layout.json``, or None if the install has none yet.
+
+    Raises :class:`LayoutError` naming the file (and the field) for text that is
+    not UTF-8 JSON, nests too deep, holds NaN, is not an object, has no
+    non-negative integer ``layout_version`` or a newer one than this client knows,
+    or declares a ``cache_root`` that is neither null nor an absolute path.
+    ``written_by`` and ``written_at`` are informational and never read, so their
+    values are not checked; nor are keys this version does not know.
+    """
     path = Path(root) / "layout.json"
     try:
-        data = json.loads(path.read_text())
+        data = loads_json(path.read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ParseProblem) as exc:
         raise LayoutError(
             f"{path} is unreadable: {exc}",
-            hint="restore it from a backup, or fix the JSON by hand",
+            hint=f"restore it from a backup, or rewrite it by hand as {_LAYOUT_FORM}",
         ) from None
     if not isinstance(data, dict):
-        raise LayoutError(f"{path} must hold a JSON object")
+        raise LayoutError(
+            f"{path} must hold a JSON object, not {type_name(data)}",
+            hint=f"restore it from a backup, or rewrite it by hand as {_LAYOUT_FORM}",
+        )
     version = data.get("layout_version")
-    if not isinstance(version, int):
-        raise LayoutError(f"{path} has no integer layout_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        if "layout_version" not in data:
+            held = ""
+        elif isinstance(version, int) and not isinstance(version, bool):
+            held = f" (it holds {version}, below 0)"
+        else:
+            held = f" (it holds {type_name(version)})"
+        raise LayoutError(
+            f"{path} has no non-negative integer layout_version{held}",
+            hint=f'set "layout_version": {LAYOUT_VERSION} (a JSON number, not a string)',
+        )
     if version > LAYOUT_VERSION:
         raise LayoutError(
             f"{path} has layout version {version}, but this rootstock understands "
             f"only up to {LAYOUT_VERSION}",
             hint="upgrade rootstock (pip install -U rootstock) to use this install",
         )
+    if "cache_root" in data:
+        problem = _cache_root_problem(data["cache_root"])
+        if problem:
+            raise LayoutError(
+                f"{path}: cache_root {problem}",
+                hint='edit "cache_root" in that file: the absolute path of the cache root '
+                "the install uses, or null for the install root itself (`init --force` keeps "
+                "a declared cache root, so it cannot repair this; see 'Moving the cache "
+                "root later' in docs/cluster-setup.md)",
+            )
     return data
 
 
-def write_layout(root: Path, cache_root: Path | None) -> dict[str, Any]:
-    """Write a fresh ``layout.json`` declaring ``cache_root`` (None: the root itself)."""
+def _cache_root_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a declared cache root (null or an absolute path), or None."""
+    if value is None:
+        return None
+    # ``~`` would be a different home for every user of a shared install.
+    return absolute_path_problem(value)
+
+
+def write_layout(root: Path, cache_root: str | os.PathLike | None) -> dict[str, Any]:
+    """Write a fresh ``layout.json`` declaring ``cache_root`` (None: the root itself).
+
+    Refuses (:class:`LayoutError`, nothing written) a ``cache_root`` that
+    :func:`read_layout` would refuse: empty, relative, ``~``-relative, or with NUL.
+    """
     from rootstock import __version__
 
+    declared = os.fspath(cache_root) if cache_root is not None else None
+    problem = _cache_root_problem(declared)
+    if problem:
+        raise LayoutError(
+            f"refusing to write {Path(root) / 'layout.json'}: cache_root {problem}",
+            hint="pass --cache-root as an absolute path",
+        )
     data = {
         "layout_version": LAYOUT_VERSION,
-        "cache_root": str(cache_root) if cache_root else None,
+        "cache_root": declared,
         "written_by": f"rootstock {__version__}",
         "written_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
@@ -238,13 +288,22 @@ def write_layout(root: Path, cache_root: Path | None) -> dict[str, Any]:
 def resolve_cache_root(
     root: Path, override: str | os.PathLike | None = None, cluster: str | None = None
 ) -> Path:
-    """Find the cache root of ``root`` in the documented order."""
+    """Find the cache root of ``root`` in the documented order.
+
+    Raises :class:`LayoutError` for a ``layout.json`` that :func:`read_layout`
+    refuses, and :class:`~rootstock.errors.UsageError` for an override with NUL.
+    """
     if override:
+        if "\0" in os.fspath(override):
+            raise UsageError(
+                "the cache root override contains a NUL character",
+                hint="pass --cache-root (or cache_root=) as a plain path",
+            )
         return Path(override).expanduser().absolute()
     layout = read_layout(root)
     if layout is not None and "cache_root" in layout:
         declared = layout["cache_root"]
-        return Path(declared) if declared else Path(root)
+        return Path(declared) if declared is not None else Path(root)
     legacy = _legacy_cache_root(root, cluster)
     if legacy:
         return legacy
