@@ -26,8 +26,8 @@ from rootstock.cli.options import (
 
 pytestmark = pytest.mark.timeout(60)
 
-BAD_SECONDS = ["0", "-1", "nan", "NaN", "inf", "-inf", "1e308", "abc", ""]
-BAD_COUNTS = ["0", "-1", "1.5", "1e3", "x", "99999999999999999999999"]
+BAD_SECONDS = ["0", "-1", "nan", "NaN", "inf", "-inf", "1e308", "1e400", str(10**12), "abc", ""]
+BAD_COUNTS = ["0", "-1", "1.5", "1e3", "x", "nan", "inf", "1e400", "99999999999999999999999"]
 
 
 @pytest.fixture(autouse=True)
@@ -101,6 +101,31 @@ def test_ranges_are_closed_at_both_ends(capsys, command, value):
     code, err = run(capsys, *command, value)
     assert code == 2, err
     assert "out of range" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "value"),
+    [
+        (("smoke-test", "--jobs"), str(10**12)),
+        (("smoke-test", "--push-every"), str(10**12)),
+        (("benchmark", "emt", "--calls"), str(10**12)),
+        (("benchmark", "emt", "--warmup"), str(10**12)),
+        (("dashboard", "serve", "--port"), str(10**12)),
+    ],
+    ids=lambda p: p if isinstance(p, str) else p[-1],
+)
+def test_a_trillion_is_out_of_every_count_range(capsys, command, value):
+    code, err = run(capsys, *command, value)
+    assert code == 2, err
+    assert f"Invalid value for '{command[-1]}'" in err and "out of range" in err
+
+
+@pytest.mark.parametrize("count", ["0", "-1", "nan", "inf", "1e400", str(10**12), "abc", ""])
+def test_benchmark_system_atom_count_is_range_checked_before_anything(capsys, count):
+    # El:N is parsed before any root is looked up: exit 2 even with no install root.
+    code, err = run(capsys, "benchmark", "emt", "--system", f"Cu:{count}")
+    assert code == 2, err
+    assert "--system 'Cu:" in err and "Traceback" not in err
 
 
 def test_good_values_get_past_parsing(capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from rootstock.cli.common import emit_json, layout_from, progress, root_options, warn
-from rootstock.cli.options import timeout_seconds
+from rootstock.cli.options import DEVICE, timeout_seconds
 
 
 @click.command()
@@ -14,6 +14,7 @@ from rootstock.cli.options import timeout_seconds
 @click.option("--no-verify", is_flag=True, help="Only download (e.g. on a login node).")
 @click.option(
     "--device",
+    type=DEVICE,
     default="cuda",
     show_default=True,
     help="Device to verify on: cpu, cuda, cuda:N or xpu.",
@@ -66,6 +67,8 @@ def add(
     from rootstock.ops.add import add as run_add
     from rootstock.ops.kwargs import parse_kwargs
 
+    # Before the root is even resolved: a bad --kwarg is the first thing reported.
+    setup_kwargs = parse_kwargs(kwargs)
     layout = layout_from(root, cluster, cache_root)
     if list_only:
         _list_addable(layout, cluster, as_json)
@@ -82,7 +85,7 @@ def add(
             checkpoint,
             cluster=cluster,
             device=device,
-            kwargs=parse_kwargs(kwargs),
+            kwargs=setup_kwargs,
             verify=not no_verify,
             verify_timeout=verify_timeout,
             force=force,

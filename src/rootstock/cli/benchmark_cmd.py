@@ -5,13 +5,14 @@ from __future__ import annotations
 import click
 
 from rootstock.cli.common import emit_json, progress, root_options
-from rootstock.cli.options import CALLS, WARMUP, timeout_seconds
+from rootstock.cli.options import CALLS, DEVICE, SETUP_KWARGS, WARMUP, timeout_seconds
 
 
 @click.command()
 @click.argument("checkpoints", nargs=-1, required=True, metavar="CHECKPOINT...")
 @click.option(
     "--device",
+    type=DEVICE,
     default="cuda",
     show_default=True,
     help="Passed to setup(): cpu, cuda, cuda:N or xpu.",
@@ -40,6 +41,7 @@ from rootstock.cli.options import CALLS, WARMUP, timeout_seconds
 )
 @click.option(
     "--setup-kwargs",
+    type=SETUP_KWARGS,
     metavar="JSON",
     help="A JSON object of keywords for setup() (default: the env's VERIFY_KWARGS).",
 )
@@ -75,9 +77,7 @@ def benchmark(
     start-up (first call) and how far the two runs' energies differ.
     """
     from rootstock.ops.benchmark import benchmark as run_benchmark
-    from rootstock.ops.benchmark_system import parse_setup_kwargs
 
-    kwargs = parse_setup_kwargs(setup_kwargs)
     with progress(enabled=not as_json) as step:
         report = run_benchmark(
             list(checkpoints),
@@ -88,7 +88,7 @@ def benchmark(
             system=system,
             calls=calls,
             warmup=warmup,
-            setup_kwargs=kwargs,
+            setup_kwargs=setup_kwargs,
             weights=weights,
             timeout=timeout,
             step=step,

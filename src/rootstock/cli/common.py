@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from rootstock.cli.options import CLUSTER, directory
 from rootstock.install.layout import InstallLayout, resolve_layout
 
 
@@ -17,17 +18,18 @@ def root_options(func: Callable) -> Callable:
     """Add ``--root``, ``--cluster`` and ``--cache-root`` to a command."""
     func = click.option(
         "--cache-root",
-        type=click.Path(file_okay=False),
+        type=directory(),
         help="Override the cache root declared in layout.json.",
     )(func)
     func = click.option(
         "--cluster",
+        type=CLUSTER,
         help="The machine this runs on: a registry name, or one the install's manifest "
         "names. A registered name supplies the root unless --root is given.",
     )(func)
     func = click.option(
         "--root",
-        type=click.Path(file_okay=False),
+        type=directory(),
         help="The install root (default: --cluster's registry root, $ROOTSTOCK_ROOT, "
         "then config.toml).",
     )(func)

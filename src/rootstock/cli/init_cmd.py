@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from rootstock.cli.common import emit_json
+from rootstock.cli.options import CLUSTER, directory
 
 _CACHE_EXPLAINER = (
     "Model weights can live on a different filesystem than the install\n"
@@ -17,13 +18,15 @@ _CACHE_EXPLAINER = (
 
 
 @click.command()
-@click.option("--root", type=click.Path(file_okay=False), help="The install root to create.")
+@click.option("--root", type=directory(), help="The install root to create.")
 @click.option(
     "--cache-root",
-    type=click.Path(file_okay=False),
+    type=directory(),
     help="Put model weights here (another filesystem); skips the prompt.",
 )
-@click.option("--cluster", help="This machine's name (default: the host's short name).")
+@click.option(
+    "--cluster", type=CLUSTER, help="This machine's name (default: the host's short name)."
+)
 @click.option("--maintainer-name", help="Your name, recorded as the maintainer.")
 @click.option("--maintainer-email", help="Your email, recorded as the maintainer.")
 @click.option("--api-url", help="The dashboard URL that manifests are pushed to.")
@@ -78,7 +81,7 @@ def init(
             # "No" declares the root itself, even where the registry has a legacy entry.
             cache_root = str(root_path)
     if cluster is None and interactive:
-        cluster = click.prompt("Cluster name", default=suggest_cluster(root_path))
+        cluster = click.prompt("Cluster name", default=suggest_cluster(root_path), type=CLUSTER)
     secret = Path(api_secret_file).read_text().strip() if api_secret_file else None
     if (
         interactive

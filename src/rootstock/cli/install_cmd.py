@@ -64,6 +64,13 @@ def install(
     already registered env (with --force, to rebuild it). --dry-run only shows
     what would happen (exit code 1 when an env would fail).
     """
+    if not target.strip():
+        from rootstock.errors import UsageError
+
+        # An empty TARGET would silently mean the current directory.
+        raise UsageError(
+            "TARGET cannot be empty", hint="pass an env file, a directory, or an env name"
+        )
     if dry_run:
         _dry_run(target, root, cluster, cache_root, force, upgrade, python, as_json)
         return

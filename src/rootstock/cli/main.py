@@ -89,11 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; turn rootstock errors into messages and exit codes."""
     from rootstock.errors import RootstockError
 
-    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    args = list(argv if argv is not None else sys.argv[1:])
+    debug = "--debug" in args
     try:
+        _refuse_nul_bytes(args)
         # Outside standalone mode click returns (not raises) the code of a command's
         # ``Exit``, e.g. install's ``Exit(1)`` when one env of a directory failed.
-        code = cli.main(args=argv, prog_name="rootstock", standalone_mode=False)
+        code = cli.main(args=args, prog_name="rootstock", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         return 130
@@ -118,6 +120,22 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"error: {exc}\n  hint: rerun with --debug for the traceback", err=True)
         return 1
     return code if isinstance(code, int) and not isinstance(code, bool) else 0
+
+
+def _refuse_nul_bytes(args: list[str]) -> None:
+    """No argument may hold a NUL byte: no path, name or value can.
+
+    A shell cannot pass one, but a Python caller of :func:`main` can, and every
+    file system call would then fail with ``ValueError`` rather than a message.
+    """
+    from rootstock.errors import UsageError
+
+    for arg in args:
+        if isinstance(arg, str) and "\0" in arg:
+            raise UsageError(
+                f"the argument {arg!r} contains a NUL byte",
+                hint="no path, name or value on the command line can hold one",
+            )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from rootstock.cli.common import emit_json, layout_from, root_options
+from rootstock.cli.options import CLUSTER, directory
 
 
 @click.group()
@@ -42,11 +43,12 @@ def show(root, cluster, cache_root, as_json):
 
 
 @manifest.command("init")
-@click.option("--root", type=click.Path(file_okay=False), help="The install root.")
-@click.option("--cache-root", type=click.Path(file_okay=False), help="Override the cache root.")
+@click.option("--root", type=directory(), help="The install root.")
+@click.option("--cache-root", type=directory(), help="Override the cache root.")
 @click.option(
     "--cluster",
     "clusters",
+    type=CLUSTER,
     multiple=True,
     required=True,
     help="A cluster this install serves. Repeatable.",

@@ -1,4 +1,9 @@
-"""The numeric option types every command parses with (one place, one rule).
+"""The option types every command parses with: numbers, names, devices, JSON.
+
+One place, one rule each. Cluster names and device strings follow
+:mod:`rootstock.names` (the rule the manifest, the registry and the dashboard
+share), so ``manifest init --cluster "Bad Name!"`` and ``add --device ../../etc``
+are usage errors before anything is read or written.
 
 A number on the command line is checked where click parses it, before the command
 runs: a bad one is a usage error (exit code 2) that names the option and the
@@ -17,6 +22,9 @@ import math
 from typing import Any
 
 import click
+
+from rootstock.errors import UsageError
+from rootstock.ops.kwargs import MAX_KWARG_DEPTH
 
 # A year: longer than any batch allocation, far below what socket timeouts accept.
 MAX_SECONDS = 365 * 24 * 3600.0
@@ -104,3 +112,94 @@ EVERY_N = Count(1, 1_000_000_000)
 PORT = Count(0, 65535)
 # 1 KiB (a push is never smaller) to 1 TiB (beyond that is a typo).
 BODY_BYTES = Count(1024, 2**40)
+
+
+class ClusterName(click.ParamType):
+    """A cluster name by :func:`rootstock.names.cluster_name`, returned lower-case.
+
+    The same rule holds whether the name picks a registry entry or is recorded in
+    the manifest: a name the manifest would refuse can never select anything.
+    """
+
+    name = "cluster"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        """Normalise ``value`` (strip, lower-case) or fail naming the rule."""
+        from rootstock.names import cluster_name
+
+        try:
+            return cluster_name(value)
+        except UsageError as exc:
+            self.fail(f"{exc.message}; {exc.hint}", param, ctx)
+
+
+class DeviceName(click.ParamType):
+    """A device string by :func:`rootstock.names.device_name` (``cpu``, ``cuda:1``, ...)."""
+
+    name = "device"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        """Return ``value`` stripped, or fail listing the accepted devices."""
+        from rootstock.names import device_name
+
+        try:
+            return device_name(value)
+        except UsageError as exc:
+            self.fail(f"{exc.message}; {exc.hint}", param, ctx)
+
+
+class JsonObject(click.ParamType):
+    """A JSON object (``--setup-kwargs``): standard JSON, nested at most ``max_depth``."""
+
+    name = "json"
+
+    def __init__(self, max_depth: int) -> None:
+        self.max_depth = max_depth
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        """Parse ``value`` with the strict reader; a dict, or a usage error that says why."""
+        from rootstock.install.parsing import ParseProblem, TooDeep, loads_json
+
+        if isinstance(value, dict):
+            return value
+        option = param.opts[0] if param is not None and param.opts else "the value"
+        example = 'e.g. \'{"task": "omat"}\''
+        try:
+            parsed = loads_json(value, max_depth=self.max_depth)
+        except TooDeep:
+            self.fail(f"{option} is nested deeper than {self.max_depth} levels", param, ctx)
+        except ParseProblem as exc:
+            self.fail(
+                f"{option} is not valid JSON: {exc}; pass a JSON object, {example}", param, ctx
+            )
+        if not isinstance(parsed, dict):
+            self.fail(
+                f"{option} must be a JSON object, not {type(parsed).__name__}; {example}",
+                param,
+                ctx,
+            )
+        return parsed
+
+
+class NonEmptyPath(click.Path):
+    """A ``click.Path`` that refuses the empty string.
+
+    ``--root "$ROOT"`` with ``$ROOT`` unset passes ``""``, which every resolver
+    reads as "not given" and would silently fall back to another install.
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+        """Refuse ``""`` (and all-blank text), else convert as ``click.Path`` does."""
+        if isinstance(value, str) and not value.strip():
+            self.fail("an empty path is not a path; omit the option to use the default", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def directory() -> NonEmptyPath:
+    """The type of ``--root`` and ``--cache-root``: a directory (or one to create)."""
+    return NonEmptyPath(file_okay=False)
+
+
+CLUSTER = ClusterName()
+DEVICE = DeviceName()
+SETUP_KWARGS = JsonObject(MAX_KWARG_DEPTH)

@@ -7,15 +7,18 @@ import sys
 import click
 
 from rootstock.cli.common import emit_json, warn
+from rootstock.cli.options import CLUSTER, NonEmptyPath, directory
 
 _LOCATION = [
-    click.argument("root_arg", metavar="[ROOT]", required=False),
+    click.argument("root_arg", metavar="[ROOT]", required=False, type=NonEmptyPath(dir_okay=True)),
     click.option(
-        "--cluster", help="A registered cluster: supplies the root (and a split cache root)."
+        "--cluster",
+        type=CLUSTER,
+        help="A registered cluster: supplies the root (and a split cache root).",
     ),
     click.option(
         "--cache-root",
-        type=click.Path(file_okay=False),
+        type=directory(),
         help="The cache root, when it is not the one the install declares.",
     ),
 ]
@@ -33,7 +36,7 @@ def _location(func):
 @click.option("--retrofit", is_flag=True, help="Also fix every existing file and directory.")
 @click.option(
     "--usage-dir",
-    type=click.Path(file_okay=False),
+    type=directory(),
     help="Put the 1777 usage spool here and link {cache_root}/usage to it.",
 )
 @click.option("--no-usage-spool", is_flag=True, help="Create no usage spool, on purpose.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from rootstock.cli.common import root_options
-from rootstock.cli.options import timeout_seconds
+from rootstock.cli.options import DEVICE, timeout_seconds
 from rootstock.ops.kwargs import parse_kwargs
 
 
@@ -18,7 +18,7 @@ from rootstock.ops.kwargs import parse_kwargs
     type=click.Path(dir_okay=False),
     help="Unix socket the server binds (ASE and i-PI use /tmp/ipi_NAME).",
 )
-@click.option("--device", default="cuda", show_default=True, help="Passed to setup().")
+@click.option("--device", type=DEVICE, default="cuda", show_default=True, help="Passed to setup().")
 @click.option(
     "--kwarg",
     "kwarg_pairs",
@@ -60,6 +60,7 @@ def serve(
     from rootstock.cli.common import warn
     from rootstock.ops.serve import serve as run_serve
 
+    setup_kwargs = parse_kwargs(kwarg_pairs) or {}
     if structure is None:
         warn(
             "no --structure: standard i-PI servers send no species, so the first "
@@ -73,7 +74,7 @@ def serve(
         cluster=cluster,
         cache_root=cache_root,
         device=device,
-        setup_kwargs=parse_kwargs(kwarg_pairs) or {},
+        setup_kwargs=setup_kwargs,
         weights=weights,
         structure=structure,
         connect_timeout=connect_timeout,

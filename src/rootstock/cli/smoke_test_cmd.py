@@ -9,14 +9,16 @@ from contextlib import contextmanager
 import click
 
 from rootstock.cli.common import emit_json, layout_from, root_options
-from rootstock.cli.options import EVERY_N, JOBS, timeout_seconds
+from rootstock.cli.options import DEVICE, EVERY_N, JOBS, timeout_seconds
 
 
 @click.command("smoke-test")
 @root_options
 @click.option("--env", "env_name", help="Only this env's checkpoints.")
 @click.option("--checkpoint", help="Only this checkpoint.")
-@click.option("--device", default="cuda", show_default=True, help="cpu, cuda or xpu.")
+@click.option(
+    "--device", type=DEVICE, default="cuda", show_default=True, help="cpu, cuda[:N] or xpu[:N]."
+)
 @click.option(
     "--verify-timeout",
     type=timeout_seconds(),

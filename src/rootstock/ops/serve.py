@@ -17,9 +17,14 @@ from typing import Any
 
 from rootstock.errors import UsageError, WorkerError
 from rootstock.install.usage import start_session_usage
+from rootstock.names import device_name
 from rootstock.runtime.session import describe_exit
 from rootstock.runtime.spawn import spawn_worker
 from rootstock.runtime.spec import resolve_worker_spec
+
+# Linux's sockaddr_un.sun_path is 108 bytes, the last of them the terminating NUL;
+# connect() on a longer path fails inside the worker, after the model is loaded.
+SUN_PATH_MAX_BYTES = 107
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,12 @@ def serve(
     """Serve ``checkpoint`` on ``socket_path`` until the server finishes.
 
     The worker's output goes to stderr (or ``$ROOTSTOCK_WORKER_LOG``). Raises
-    :class:`WorkerError` when the worker ends with a non-zero status.
+    :class:`WorkerError` when the worker ends with a non-zero status; a device
+    string or socket path that can never work is a :class:`UsageError` before the
+    install is read or anything is started.
     """
+    device = device_name(device)
+    socket_file = check_socket_path(socket_path)
     spec = resolve_worker_spec(
         checkpoint,
         root=root,
@@ -60,7 +69,6 @@ def serve(
         setup_kwargs=setup_kwargs,
         weights=weights,
     )
-    socket_file = Path(socket_path).expanduser().absolute()
     if not socket_file.parent.is_dir():
         raise UsageError(
             f"the socket's directory {socket_file.parent} does not exist",
@@ -109,6 +117,33 @@ def serve(
             hint="its output is above; run with ROOTSTOCK_WORKER_LOG=FILE to keep it",
         )
     return ServeResult(checkpoint, spec.env_name, str(socket_file), process.pid, code)
+
+
+def check_socket_path(socket_path: str | os.PathLike) -> Path:
+    """``socket_path`` made absolute, if a Unix socket can have that address.
+
+    The worker connects to the absolute path, so that is what must fit in
+    ``sun_path``: at most :data:`SUN_PATH_MAX_BYTES` bytes. Raises
+    :class:`UsageError` saying the limit and the length otherwise.
+    """
+    text = os.fspath(socket_path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if not text.strip():
+        raise UsageError("--socket cannot be empty", hint="e.g. --socket /tmp/ipi_NAME")
+    if "\0" in text:
+        raise UsageError(f"--socket {text!r} contains a NUL byte", hint="e.g. /tmp/ipi_NAME")
+    socket_file = Path(text).expanduser().absolute()
+    length = len(os.fsencode(socket_file))
+    if length > SUN_PATH_MAX_BYTES:
+        short = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
+        raise UsageError(
+            f"the socket path {socket_file} is {length} bytes; a Unix socket path is at "
+            f"most {SUN_PATH_MAX_BYTES} bytes (sun_path holds {SUN_PATH_MAX_BYTES + 1} "
+            "with the terminating NUL)",
+            hint=f"bind the server in a shorter directory, e.g. {short}/ipi_NAME",
+        )
+    return socket_file
 
 
 @contextlib.contextmanager
