@@ -215,3 +215,18 @@ def test_command_exit_code_reaches_the_shell(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "error: bad1:" in proc.stderr and "error: bad2:" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_stored_name_warning_is_one_warning_line(tmp_path, monkeypatch, capsys):
+    # A config written before the one cluster-name rule: it still reads, and the CLI
+    # says how to fix it in one line, not Python's file:line warning format.
+    config = tmp_path / "config.toml"
+    config.write_text('cluster = "Bad Name!"\n')
+    monkeypatch.setenv("ROOTSTOCK_CONFIG", str(config))
+    monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
+    from rootstock.cli.main import main
+
+    main(["resolve"])
+    err = capsys.readouterr().err
+    assert "warning: " + str(config) + " holds cluster name 'Bad Name!'" in err
+    assert "StoredNameWarning" not in err

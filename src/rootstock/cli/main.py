@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     args = list(argv if argv is not None else sys.argv[1:])
     debug = "--debug" in args
     try:
+        _show_stored_name_warnings()
         _refuse_nul_bytes(args)
         # Outside standalone mode click returns (not raises) the code of a command's
         # ``Exit``, e.g. install's ``Exit(1)`` when one env of a directory failed.
@@ -120,6 +121,30 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"error: {exc}\n  hint: rerun with --debug for the traceback", err=True)
         return 1
     return code if isinstance(code, int) and not isinstance(code, bool) else 0
+
+
+def _show_stored_name_warnings() -> None:
+    """Print a :class:`~rootstock.names.StoredNameWarning` as one ``warning:`` line.
+
+    Python's default format (file, line number, source line) reads like a crash to
+    someone who only needs the fix; other warnings keep that format.
+    """
+    import warnings
+
+    from rootstock.names import StoredNameWarning
+
+    default = warnings.showwarning
+    if getattr(default, "rootstock_hook", False):
+        return  # main() ran before in this process (tests, embedding callers)
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, StoredNameWarning):
+            click.echo(f"warning: {message}", err=True)
+        else:
+            default(message, category, filename, lineno, file, line)
+
+    show.rootstock_hook = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 def _refuse_nul_bytes(args: list[str]) -> None:
