@@ -101,7 +101,7 @@ def test_system_garbage_is_a_usage_error_naming_the_forms(spec, why):
 def test_setup_kwargs_json():
     assert parse_setup_kwargs(None) is None
     assert parse_setup_kwargs('{"task": "omat", "n": 2}') == {"task": "omat", "n": 2}
-    for bad in ("{bad", "[1, 2]", '"text"', "3"):
+    for bad in ("{bad", "[1, 2]", '"text"', "3", '{"a": NaN}', '{"a": ' + "[" * 100000):
         with pytest.raises(UsageError) as caught:
             parse_setup_kwargs(bad)
         assert caught.value.exit_code == 2 and "JSON" in caught.value.message

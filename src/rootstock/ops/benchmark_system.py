@@ -8,12 +8,13 @@ an ASE molecule name. Everything that is neither is a usage error naming the for
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from rootstock.errors import UsageError
+from rootstock.install.parsing import ParseProblem, loads_json
+from rootstock.ops.kwargs import MAX_KWARG_DEPTH
 
 MAX_ATOMS = 1_000_000
 MOLECULE_VACUUM = 10.0  # Å around a molecule, for models that need a cell
@@ -144,8 +145,8 @@ def parse_setup_kwargs(text: str | None) -> dict[str, Any] | None:
     if text is None:
         return None
     try:
-        value = json.loads(text)
-    except ValueError as exc:
+        value = loads_json(text, max_depth=MAX_KWARG_DEPTH)
+    except ParseProblem as exc:
         raise UsageError(
             f"--setup-kwargs is not valid JSON ({exc})",
             hint='pass a JSON object, e.g. --setup-kwargs \'{"task": "omat"}\'',
