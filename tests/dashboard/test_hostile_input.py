@@ -117,10 +117,22 @@ def test_hostile_but_valid_data_is_shown_safely(live_dashboard):
 def test_hostile_times_stored_before_the_check_still_render(live_dashboard):
     """Times a server without the arrival check would have stored: pages still answer.
 
-    Written straight to the database with the ingest functions, as such a server did.
+    Ingest now refuses them too (it stores times in UTC, and these have no UTC
+    form), so the push is stored with good times and the rows are then given the
+    hostile ones, as such a server stored them.
     """
+    import json
+
+    from sqlalchemy import update
+
     from rootstock.dashboard import ingest
-    from rootstock.dashboard.models import Cluster
+    from rootstock.dashboard.models import (
+        Cluster,
+        ClusterEnv,
+        CoverageCell,
+        ManifestPush,
+        VerificationEvent,
+    )
 
     cluster = live_dashboard.add_cluster(unique("old"))
     body = simple(cluster)
@@ -130,9 +142,24 @@ def test_hostile_times_stored_before_the_check_still_render(live_dashboard):
     hostile["envs"]["chgnet"]["checkpoints"]["chgnet-0.3.0"]["verifications"][cluster]["cpu"][
         "at"
     ] = "0001-01-01T00:00:00+14:00"
+    with pytest.raises(ingest.ManifestShapeError, match="UTC"):
+        ingest.check_manifest_shape(hostile)
     with live_dashboard._write() as session:
         target = session.query(Cluster).filter_by(name=cluster).one()
-        ingest.store_push(session, target, hostile, None)
+        push = ingest.store_push(session, target, body, None)
+        mine = {"cluster_id": target.id}
+        session.execute(update(ManifestPush).filter_by(id=push.id).values(body=json.dumps(hostile)))
+        session.execute(
+            update(ClusterEnv)
+            .filter_by(**mine, name="mace")
+            .values(built_at="0001-01-01T00:00:00+14:00")
+        )
+        for env, at in (
+            ("mace", "9999-12-31T23:59:59-12:00"),
+            ("chgnet", "0001-01-01T00:00:00+14:00"),
+        ):
+            session.execute(update(CoverageCell).filter_by(**mine, env=env).values(verified_at=at))
+            session.execute(update(VerificationEvent).filter_by(**mine, env=env).values(at=at))
     _every_view_answers(live_dashboard, cluster)
 
 

@@ -98,7 +98,7 @@ def test_upgrade_from_0001_keeps_the_history_and_adds_checks(dashboard_backend, 
 
         migrate(engine)
         with engine.connect() as conn:
-            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0002"
+            assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0003"
             rows = conn.execute(
                 text("SELECT env, state, energy_per_atom, checks FROM verification_events")
             ).all()

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import click
 
 from rootstock.cli.common import console, emit_json, table
-from rootstock.cli.options import BODY_BYTES, PORT
+from rootstock.cli.options import BODY_BYTES, PORT, Count
+from rootstock.dashboard.retention import DEFAULT_KEEP_BODIES, KEEP_BODIES_ENV, MAX_KEEP_BODIES
 from rootstock.errors import RootstockError
 
 if TYPE_CHECKING:
@@ -106,12 +107,22 @@ def dashboard() -> None:
     help="Largest request body accepted (413 above it).",
 )
 @click.option(
+    "--keep-bodies",
+    default=DEFAULT_KEEP_BODIES,
+    show_default=True,
+    envvar=KEEP_BODIES_ENV,
+    type=Count(1, MAX_KEEP_BODIES),
+    metavar="N",
+    help="Manifest bodies kept per cluster, the newest (older pushes keep their time "
+    f"and counts). Default: ${KEEP_BODIES_ENV}, then {DEFAULT_KEEP_BODIES}.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
-def serve(db, host, port, max_body, log_level):
+def serve(db, host, port, max_body, keep_bodies, log_level):
     """Serve the dashboard (pages and the /api/v1 JSON API) until interrupted.
 
     Migrates the database to the current schema first. Listens on loopback by
@@ -125,7 +136,7 @@ def serve(db, host, port, max_body, log_level):
 
     url = database_url(db)
     _migrated_engine(url).dispose()
-    app = create_app(url, max_body=max_body)
+    app = create_app(url, max_body=max_body, keep_bodies=keep_bodies)
     sock = _listen(host, port)
     bound_port = sock.getsockname()[1]
     shown_host = f"[{host}]" if ":" in host else host

@@ -8,6 +8,7 @@ it imports only the manifest schema and the error family from the rest of rootst
 * :mod:`.db`: database URLs, engines and migrations;
 * :mod:`.credentials`: clusters and API keys (only a hash of each secret is kept);
 * :mod:`.ingest`: a pushed manifest turned into coverage rows and history;
+* :mod:`.retention`: how many manifest bodies each cluster's history keeps;
 * :mod:`.views`: read models shared by the JSON API and the pages;
 * :mod:`.middleware`: credentials before the body, the body cap, the write slot and
   ``Server-Timing``;

@@ -120,7 +120,12 @@ def put_manifest(
     target = _writable_cluster(session, cluster)
     try:
         push = ingest.store_push(
-            session, target, manifest, _key_id(request), body=_body_text(request)
+            session,
+            target,
+            manifest,
+            _key_id(request),
+            body=_body_text(request),
+            keep_bodies=request.app.state.keep_bodies,
         )
     except ingest.ManifestShapeError as exc:
         session.rollback()

@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rootstock.dashboard import api, pages
 from rootstock.dashboard.db import make_engine, make_sessionmaker
 from rootstock.dashboard.middleware import GuardMiddleware
+from rootstock.dashboard.retention import DEFAULT_KEEP_BODIES, checked_keep_bodies
 
 DEFAULT_MAX_BODY = 16 * 2**20
 log = logging.getLogger("rootstock.dashboard")
@@ -41,8 +42,15 @@ def _version() -> str:
         return "0+unknown"
 
 
-def create_app(db_url: str, *, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
-    """The dashboard application for the (already migrated) database at ``db_url``."""
+def create_app(
+    db_url: str, *, max_body: int = DEFAULT_MAX_BODY, keep_bodies: int = DEFAULT_KEEP_BODIES
+) -> FastAPI:
+    """The dashboard application for the (already migrated) database at ``db_url``.
+
+    ``keep_bodies``: how many manifest bodies each cluster's history keeps (the
+    newest; see :mod:`rootstock.dashboard.retention`); ValueError outside its range.
+    """
+    keep_bodies = checked_keep_bodies(keep_bodies)
     engine = make_engine(db_url)
     sessions = make_sessionmaker(engine)
 
@@ -61,6 +69,7 @@ def create_app(db_url: str, *, max_body: int = DEFAULT_MAX_BODY) -> FastAPI:
         target.state.engine = engine
         target.state.sessions = sessions
         target.state.max_body = max_body
+        target.state.keep_bodies = keep_bodies
         _add_error_handlers(target)
     app.mount("/api/v1", api_app)
     app.include_router(pages.router)

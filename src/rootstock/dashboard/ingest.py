@@ -9,15 +9,25 @@ per device kind.
 
 Cell states come from :func:`rootstock.install.manifest.checkpoint_state`, the same
 derivation ``rootstock status`` uses, so ``stale`` means the same thing everywhere.
+
+Times copied into rows (``verified_at``, ``fetched_at``, ``built_at``, an event's
+``at``) are stored in UTC (:func:`utc_time`), whatever offset the install wrote:
+the views order and pick "latest" by comparing these strings, which is right only
+when every one has the same offset. The history body stays as sent.
+
+Only the newest ``keep_bodies`` pushes of a cluster keep their body
+(:mod:`rootstock.dashboard.retention`); older history rows keep their metadata.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+from datetime import UTC
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from rootstock.dashboard.models import (
@@ -31,7 +41,8 @@ from rootstock.dashboard.models import (
     VerificationEvent,
     utc_now,
 )
-from rootstock.install.manifest import checkpoint_state
+from rootstock.dashboard.retention import DEFAULT_KEEP_BODIES, checked_keep_bodies
+from rootstock.install.manifest import checkpoint_state, parse_time
 
 SHORT = 20  # state and device-kind columns
 ENV_FIELDS = ("build_id", "source_hash", "built_at", "python", "torch", "rootstock")
@@ -47,6 +58,7 @@ def store_push(
     manifest: dict[str, Any],
     api_key_id: int | None,
     body: str | None = None,
+    keep_bodies: int = DEFAULT_KEEP_BODIES,
 ) -> ManifestPush:
     """Record one push of ``cluster``'s manifest and make it the cluster's current state.
 
@@ -54,9 +66,12 @@ def store_push(
     it: re-serialising a 300-checkpoint manifest costs a third of this function;
     otherwise ``manifest`` serialised), replaces the cluster's
     :class:`ClusterEnv` and :class:`CoverageCell` rows, adds verification records not
-    stored yet, and moves ``cluster.last_push_*``. Raises :class:`ManifestShapeError`
-    before writing anything when the manifest's structure is unusable. Does not commit.
+    stored yet, moves ``cluster.last_push_*``, and drops the bodies of the cluster's
+    pushes older than its newest ``keep_bodies`` (this one included). Raises
+    :class:`ManifestShapeError` before writing anything when the manifest's structure
+    is unusable. Does not commit.
     """
+    keep_bodies = checked_keep_bodies(keep_bodies)
     check_manifest_shape(manifest)
     name = cluster.name.strip().lower()
     _lock_cluster(session, cluster)
@@ -89,7 +104,38 @@ def store_push(
     cluster.last_push_id = push.id
     cluster.last_push_at = push.received_at
     session.flush()
+    drop_old_bodies(session, cluster.id, keep_bodies)
     return push
+
+
+def drop_old_bodies(session: Session, cluster_id: int, keep: int) -> int:
+    """Drop the bodies of ``cluster_id``'s pushes older than its newest ``keep``.
+
+    The rows stay (``GET .../pushes`` lists them, with their time and counts); only
+    ``body`` becomes null. "Newest" is by id: the caller holds the cluster's row
+    lock (:func:`_lock_cluster`), so a cluster's push ids grow in commit order and
+    two concurrent pushes can neither both keep nor both drop one body. Returns the
+    number of bodies dropped (usually 0 or 1: one per push once the history is full).
+    """
+    oldest_kept = session.execute(
+        select(ManifestPush.id)
+        .where(ManifestPush.cluster_id == cluster_id)
+        .order_by(ManifestPush.id.desc())
+        .offset(keep - 1)
+        .limit(1)
+    ).scalar()
+    if oldest_kept is None:
+        return 0
+    result = session.connection().execute(
+        update(ManifestPush)
+        .where(
+            ManifestPush.cluster_id == cluster_id,
+            ManifestPush.id < oldest_kept,
+            ManifestPush.body.is_not(None),
+        )
+        .values(body=None)
+    )
+    return result.rowcount
 
 
 def store_usage(session: Session, cluster: Cluster, counts: list[dict[str, Any]]) -> int:
@@ -143,6 +189,33 @@ ENV_TEXT = {field: NAME for field in ENV_FIELDS}
 ENTRY_TEXT = {"fetched_at": TIME}
 RECORD_TEXT = {"at": TIME, "state": SHORT, "device": NAME, "message": None}
 RECORD_OBJECTS = ("build", "fingerprint", "checks")
+# The times stored in rows at each level, normalised to UTC (utc_time).
+ENV_TIMES = ("built_at",)
+ENTRY_TIMES = ("fetched_at",)
+RECORD_TIMES = ("at",)
+
+
+@functools.lru_cache(maxsize=4096)
+def utc_time(text: str) -> str:
+    """``text`` (an ISO-8601 time) as the same instant in UTC, as rows store it.
+
+    ``2026-01-01T10:00:00+05:00`` and ``2026-01-01T05:00:00Z`` both become
+    ``2026-01-01T05:00:00+00:00``; a time without an offset is read as UTC (as
+    ``rootstock status`` and the pages read it). Fractions of a second are kept, as
+    six digits. Raises ValueError for text that is not such a time. Cached: a push
+    repeats the same few times across hundreds of records.
+    """
+    moment = parse_time(text)
+    if moment is None:
+        raise ValueError("not an ISO-8601 time (e.g. 2026-11-28T10:00:00+00:00)")
+    try:
+        return moment.astimezone(UTC).isoformat()
+    except OverflowError:
+        raise ValueError("a time out of the range a UTC time can hold") from None
+
+
+def _utc_or_none(text: str | None) -> str | None:
+    return None if text is None else utc_time(text)
 
 
 def check_manifest_shape(manifest: Any) -> None:
@@ -162,11 +235,13 @@ def check_manifest_shape(manifest: Any) -> None:
         env_path = ("envs", env_name)
         _check_name(env_name, NAME, env_path, "env names")
         _check_text(_object(env, env_path), ENV_TEXT, env_path)
+        _check_times(env, ENV_TIMES, env_path)
         checkpoints = _object(env.get("checkpoints"), (*env_path, "checkpoints"))
         for checkpoint, entry in checkpoints.items():
             path = (*env_path, "checkpoints", checkpoint)
             _check_name(checkpoint, NAME, path, "checkpoint ids")
             _check_text(_object(entry, path), ENTRY_TEXT, path)
+            _check_times(entry, ENTRY_TIMES, path)
             verifications = _object(entry.get("verifications"), (*path, "verifications"))
             for cluster, by_kind in verifications.items():
                 cluster_path = (*path, "verifications", cluster)
@@ -174,6 +249,7 @@ def check_manifest_shape(manifest: Any) -> None:
                     record_path = (*cluster_path, kind)
                     _check_name(kind, SHORT, record_path, "device kinds")
                     _check_text(_object(record, record_path), RECORD_TEXT, record_path)
+                    _check_times(record, RECORD_TIMES, record_path)
                     for field in RECORD_OBJECTS:
                         if not isinstance(record.get(field), dict | None):
                             raise ManifestShapeError(
@@ -212,10 +288,27 @@ def _check_text(obj: dict, fields: dict[str, int | None], path: tuple[str, ...])
         raise ManifestShapeError(f"{_where(path)}.{field}: must be text{bound}, or null")
 
 
+def _check_times(obj: dict, fields: tuple[str, ...], path: tuple[str, ...]) -> None:
+    # After _check_text: each of these is text or None already.
+    for field in fields:
+        value = obj.get(field)
+        if value is None:
+            continue
+        try:
+            utc_time(value)
+        except ValueError as exc:
+            raise ManifestShapeError(f"{_where(path)}.{field}: {exc}") from None
+
+
 def _rows_from_manifest(
     manifest: dict[str, Any], cluster: str, cluster_id: int, push_id: int
 ) -> tuple[list[dict], list[dict], list[dict]]:
-    """The env, cell and verification-event rows one push describes."""
+    """The env, cell and verification-event rows one push describes, times in UTC.
+
+    States are derived from the manifest as sent: staleness compares a record's
+    build time with its env's as text, which must not see one normalised and the
+    other not.
+    """
     env_rows: list[dict] = []
     cell_rows: list[dict] = []
     events: dict[tuple, dict] = {}
@@ -223,6 +316,7 @@ def _rows_from_manifest(
         env_rows.append(
             {"cluster_id": cluster_id, "name": env_name, "push_id": push_id}
             | {field: env.get(field) for field in ENV_FIELDS}
+            | {"built_at": _utc_or_none(env.get("built_at"))}
         )
         for checkpoint, entry in (env.get("checkpoints") or {}).items():
             cell = checkpoint_state(manifest, env_name, checkpoint, cluster)
@@ -233,8 +327,8 @@ def _rows_from_manifest(
                     "checkpoint": checkpoint,
                     "family": env_name,
                     "state": cell.state,
-                    "verified_at": cell.at,
-                    "fetched_at": cell.fetched_at,
+                    "verified_at": _utc_or_none(cell.at),
+                    "fetched_at": _utc_or_none(cell.fetched_at),
                     "device_kind": cell.device_kind,
                     "device": cell.device,
                     "message": cell.message,
@@ -245,13 +339,14 @@ def _rows_from_manifest(
             for kind, record in by_kind.items():
                 if not record.get("at"):
                     continue  # a record without a time cannot be placed in history
-                key = (env_name, checkpoint, kind, record["at"])
+                at = utc_time(record["at"])
+                key = (env_name, checkpoint, kind, at)
                 events[key] = {
                     "cluster_id": cluster_id,
                     "env": env_name,
                     "checkpoint": checkpoint,
                     "device_kind": kind,
-                    "at": record["at"],
+                    "at": at,
                     "state": record.get("state") or "failed",
                     "device": record.get("device"),
                     "message": record.get("message"),

@@ -1,13 +1,16 @@
 """The dashboard's tables. Alembic migrations (``migrations/versions``) create them.
 
 Times that the server makes (``created_at``, ``received_at``) are timezone-aware
-UTC datetimes. Times copied from a pushed manifest (``verified_at``, ``built_at``)
-are kept as the ISO-8601 strings the manifest carries: rootstock writes them in
-UTC with a ``+00:00`` suffix, so they sort correctly as text on every backend.
+UTC datetimes. Times copied from a pushed manifest (``verified_at``, ``fetched_at``,
+``built_at``, an event's ``at``) are ISO-8601 strings normalised to UTC at ingest
+(``2026-01-01T05:00:00+00:00``, whatever offset the install wrote), so they sort
+by instant as text on every backend.
 
 A push writes one :class:`ManifestPush` (the history, with the body as sent) and
 replaces the cluster's current :class:`ClusterEnv` and :class:`CoverageCell` rows;
 each distinct verification it carries is kept once in :class:`VerificationEvent`.
+Only a cluster's newest pushes keep their body (``--keep-bodies``); older history
+rows keep their metadata with ``body`` null.
 """
 
 from __future__ import annotations
@@ -112,7 +115,8 @@ class ManifestPush(Base):
     checkpoint_count: Mapped[int] = mapped_column(Integer)
     # Server-side handling time of this push (read, validate, store), in milliseconds.
     handling_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    body: Mapped[str] = mapped_column(Text)
+    # The JSON text as sent; null once the push is older than the newest keep_bodies.
+    body: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ClusterEnv(Base):

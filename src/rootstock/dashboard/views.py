@@ -211,7 +211,9 @@ def latest_manifest(session: Session, name: str) -> dict[str, Any] | None:
         .join(Cluster, Cluster.last_push_id == ManifestPush.id)
         .where(Cluster.name == name)
     ).first()
-    if row is None:
+    if row is None or row.body is None:
+        # No body: cannot happen (a cluster's newest push always keeps its body), but
+        # a missing manifest is the honest answer if it ever did.
         return None
     return {
         "cluster": name,
@@ -222,7 +224,11 @@ def latest_manifest(session: Session, name: str) -> dict[str, Any] | None:
 
 
 def push_history(session: Session, name: str, limit: int = 50) -> dict[str, Any] | None:
-    """The cluster's pushes, newest first (bodies left out); None for an unknown cluster."""
+    """The cluster's pushes, newest first (bodies left out); None for an unknown cluster.
+
+    Pushes whose body retention dropped are listed like the others: the history
+    shows when each push came and what it counted, never a body.
+    """
     cluster_id = session.execute(select(Cluster.id).where(Cluster.name == name)).scalar()
     if cluster_id is None:
         return None
