@@ -113,6 +113,13 @@ class ManifestError(RootstockError):
     """``manifest.json`` is corrupt, or written by a newer rootstock."""
 
 
+class UnstorableValue(ManifestError):
+    """A manifest write was handed a value the schema refuses (NaN, a wrong type).
+
+    Nothing is written: the file keeps its previous content.
+    """
+
+
 class PushError(RootstockError):
     """A push to the dashboard failed (the local manifest is unaffected)."""
 

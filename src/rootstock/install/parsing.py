@@ -33,22 +33,37 @@ class TooDeep(ParseProblem):
     """The text parsed, or would have, but nests deeper than the bound."""
 
 
-def loads_json(raw: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse standard JSON, refusing non-UTF-8, NaN/Infinity and deep nesting."""
+def loads_json(
+    raw: str | bytes, max_depth: int = MAX_DEPTH, *, walked_by_caller: bool = False
+) -> Any:
+    """Parse standard JSON, refusing non-UTF-8, NaN/Infinity and deep nesting.
+
+    ``walked_by_caller`` skips the two passes over every number and container
+    (the float range, :func:`check_depth`), for a caller whose own walk of the
+    whole value makes both: the manifest, megabytes on a large install, read by
+    every ``status``. Then ``1e999`` parses as ``inf``, and nesting up to the
+    interpreter's recursion limit parses.
+    """
     if isinstance(raw, bytes | bytearray):
         try:
             raw = bytes(raw).decode("utf-8")
         except UnicodeDecodeError:
             raise ParseProblem("not UTF-8 text") from None
+    floats = float if walked_by_caller else _finite_float
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=floats)
     except RecursionError:
         raise TooDeep(_too_deep(max_depth)) from None
     except json.JSONDecodeError as exc:
         raise ParseProblem(
             f"invalid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
         ) from None
-    check_depth(value, max_depth)
+    except ParseProblem:
+        raise
+    except ValueError:  # an integer past int's 4300-digit limit (sys.get_int_max_str_digits)
+        raise ParseProblem("invalid JSON (a number with too many digits)") from None
+    if not walked_by_caller:
+        check_depth(value, max_depth)
     return value
 
 
@@ -65,6 +80,8 @@ def loads_toml(raw: str | bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
         raise TooDeep(_too_deep(max_depth)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ParseProblem(f"invalid TOML ({exc})") from None
+    except ValueError:  # an integer past int's 4300-digit limit (sys.get_int_max_str_digits)
+        raise ParseProblem("invalid TOML (a number with too many digits)") from None
     check_depth(value, max_depth)
     return value
 

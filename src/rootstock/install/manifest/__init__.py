@@ -3,7 +3,8 @@
 Treated like a small database (the schema is documented in ``docs/manifest.md``):
 
 * versioned (``schema_version``): older files are migrated on read
-  (:mod:`.migrations`); corrupt or newer files are refused with
+  (:mod:`.migrations`); every field is checked on read and before every write
+  (:mod:`.validate`); corrupt or newer files are refused with
   :class:`~rootstock.errors.ManifestError` and never written over (:mod:`.schema`);
 * every change is a short locked read-modify-write, written to a temp file and
   renamed into place (:mod:`.store`); the ``record_*`` helpers each write one

@@ -108,7 +108,7 @@ def _v0_checkpoint(old: dict[str, Any], clusters: list[str]) -> dict[str, Any]:
                 "at": verified_at or old.get("updated_at"),
                 "device": device,
                 "device_kind": kind,
-                "message": str(error).strip().splitlines()[0] if error else None,
+                "message": _first_line(error),
                 "fingerprint": None,
                 "reference": None,
                 "drift": None,
@@ -123,6 +123,12 @@ def _v0_checkpoint(old: dict[str, Any], clusters: list[str]) -> dict[str, Any]:
             }
         }
     return {"fetched_at": fetched_at, "verifications": verifications}
+
+
+def _first_line(error: Any) -> str | None:
+    """The first non-blank line of a v0 ``error`` (None when it has none)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] if error else []
+    return lines[0] if lines else None
 
 
 def _v1_to_v2(old: Manifest) -> Manifest:

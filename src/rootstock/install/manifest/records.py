@@ -13,6 +13,7 @@ import copy
 import secrets
 from typing import Any
 
+from rootstock.errors import UnstorableValue, UsageError
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest.fingerprints import (
     UNRECORDED_KWARGS,
@@ -30,6 +31,8 @@ from rootstock.install.manifest.schema import (
     utc_now,
 )
 from rootstock.install.manifest.store import DEFAULT_LOCK_TIMEOUT, update_manifest
+from rootstock.install.manifest.validate import DEVICE_KINDS, opaque_problem
+from rootstock.names import device_name
 
 MESSAGE_MAX = 300
 
@@ -103,8 +106,10 @@ def record_verification(
 ) -> dict[str, Any]:
     """Record one verification outcome on ``cluster`` and return the stored record.
 
-    ``result`` keys: ``passed`` (bool, required); ``device`` (default ``"cpu"``);
-    ``device_kind`` (default derived from ``device``); ``fingerprint`` (required
+    ``result`` keys: ``passed`` (bool, required); ``device`` (default ``"cpu"``;
+    a device string of :func:`rootstock.names.device_name`, else
+    :class:`~rootstock.errors.UsageError`); ``device_kind`` (default derived from
+    ``device``; cpu, gpu or xpu); ``fingerprint`` (required
     when passed); ``message`` (why it failed; kept to one line); ``at`` (default
     now); ``kwargs`` (the setup kwargs the pass ran with; default none);
     ``checks`` (the physics checks of :mod:`rootstock.ops.consistency`, stored
@@ -122,6 +127,11 @@ def record_verification(
     ``accept_drift`` replaces it (and no other). A reference migrated from schema 1,
     which never said its kwargs, is adopted by the first pass that has none of its
     own, as schema 1 would have compared them.
+
+    A NaN or an infinity in ``fingerprint``, ``checks`` or ``kwargs``, or a value
+    JSON cannot hold in the first two, raises
+    :class:`~rootstock.errors.UnstorableValue` before the lock is taken; nothing is
+    written.
     """
     if not isinstance(result.get("passed"), bool):
         raise ValueError("result['passed'] must be True or False")
@@ -129,8 +139,11 @@ def record_verification(
     fingerprint = result.get("fingerprint")
     if passed and not isinstance(fingerprint, dict):
         raise ValueError("a passed verification needs its fingerprint")
-    device = str(result.get("device") or "cpu")
+    # A name stored now is refused later (rootstock.names): refuse it here instead.
+    device = device_name(str(result.get("device") or "cpu"))
     kind = str(result.get("device_kind") or device_kind(device))
+    if kind not in DEVICE_KINDS:
+        raise UsageError(f"{kind!r} is not a device kind", hint="device kinds are cpu, gpu and xpu")
     at = result.get("at") or utc_now()
     message = one_line(result.get("message"))
     checks = result.get("checks")
@@ -141,7 +154,11 @@ def record_verification(
     kwargs = result.get("kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise ValueError("result['kwargs'] must be a dict or None")
+    for field in ("fingerprint", "checks"):
+        _refuse_unstorable(layout, field, result.get(field))
+    # Canonical first: a kwarg JSON has no type for (a path) is stored as its text.
     kwargs = canonical_kwargs(kwargs)
+    _refuse_unstorable(layout, "kwargs", kwargs)
     key = kwargs_key(kwargs)
 
     def mutate(data: Manifest) -> dict[str, Any]:
@@ -197,6 +214,17 @@ def record_verification(
         return copy.deepcopy(record)
 
     return update_manifest(layout, mutate, timeout)
+
+
+def _refuse_unstorable(layout: InstallLayout, field: str, value: Any) -> None:
+    """Refuse NaN, an infinity or a non-JSON value in a result before taking the lock."""
+    problem = opaque_problem(value)
+    if problem:
+        raise UnstorableValue(
+            f"refusing to record a verification in {layout.manifest_file}: "
+            f"result[{field!r}] {problem}",
+            hint="nothing was written: the manifest is as it was",
+        )
 
 
 def one_line(message: Any) -> str | None:

@@ -1,21 +1,26 @@
-"""The ``manifest.json`` schema: version, field names, parsing and shape checks.
+"""The ``manifest.json`` schema: version, field names and parsing.
 
-Parsing migrates an older schema in memory (:mod:`.migrations`) and refuses a
-corrupt file or a newer schema with :class:`~rootstock.errors.ManifestError`, whose
-message says what is wrong and what to do. Nothing here writes.
+Parsing is strict JSON (:func:`rootstock.install.parsing.loads_json`), migrates an
+older schema in memory (:mod:`.migrations`), checks every field (:mod:`.validate`)
+and refuses a corrupt file or a newer schema with
+:class:`~rootstock.errors.ManifestError`, whose message says what is wrong (with
+the JSON path of the field) and what to do. Nothing here writes.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rootstock.errors import ManifestError
 from rootstock.install.manifest.migrations import migrate, schema_version_of
-from rootstock.names import cluster_name
+from rootstock.install.parsing import ParseProblem, check_depth, loads_json
+from rootstock.names import CLUSTER_NAME_RULE, DEVICE_RULE, cluster_name, warn_stored_name
+
+if TYPE_CHECKING:
+    from rootstock.install.manifest.validate import StoredName
 
 MANIFEST_VERSION = 2
 VERIFICATION_STATES = ("verified", "failed", "drifted")
@@ -77,26 +82,28 @@ def parse_manifest(raw: str | bytes, path: Path | str = "manifest.json") -> Mani
 
 
 def parse_manifest_text(raw: str | bytes, path: Path) -> tuple[Manifest, bool]:
-    """Like :func:`parse_manifest`, also saying whether a migration ran."""
+    """Like :func:`parse_manifest`, also saying whether a migration ran.
+
+    Every field is checked (:mod:`.validate`); a refusal names the field's JSON
+    path. A stored name today's rule refuses is read, with a
+    :class:`~rootstock.names.StoredNameWarning` naming the fix.
+    """
+    # Imported here: validate reads this module's field lists.
+    from rootstock.install.manifest.validate import SchemaProblem, check_manifest, describe
+
     try:
-        data = json.loads(raw)
-    except UnicodeDecodeError:
-        raise ManifestError(f"{path} is corrupt: not UTF-8 text", hint=FIX_HINT) from None
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno} column {exc.colno}"
-        raise ManifestError(
-            f"{path} is corrupt: invalid JSON ({exc.msg} at {where})", hint=FIX_HINT
-        ) from None
+        data = loads_json(raw, walked_by_caller=True)
+    except ParseProblem as exc:
+        raise ManifestError(f"{path} is corrupt: {exc}", hint=FIX_HINT) from None
     if not isinstance(data, dict):
         raise ManifestError(
-            f"{path} is corrupt: it holds a JSON {type(data).__name__}, not an object",
-            hint=FIX_HINT,
+            f"{path} is corrupt: it holds {describe(data)}, not a JSON object", hint=FIX_HINT
         )
     version = schema_version_of(data)
     if version is None:
         raise ManifestError(
-            f"{path} is corrupt: schema_version {data['schema_version']!r} "
-            "is not a non-negative integer",
+            f"{path} is corrupt: schema_version: must be a non-negative integer, "
+            f"not {describe(data['schema_version'])}",
             hint=FIX_HINT,
         )
     if version > MANIFEST_VERSION:
@@ -107,46 +114,52 @@ def parse_manifest_text(raw: str | bytes, path: Path) -> tuple[Manifest, bool]:
         )
     migrated = version < MANIFEST_VERSION
     if migrated:
-        try:
-            data = migrate(data, MANIFEST_VERSION)
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise ManifestError(
-                f"{path} (schema version {version}) could not be migrated: {exc}",
-                hint=FIX_HINT,
-            ) from None
-    problem = shape_problem(data)
-    if problem:
-        raise ManifestError(f"{path} is corrupt: {problem}", hint=FIX_HINT)
+        data = _migrated(data, version, path)
+    try:
+        stored = check_manifest(data)
+    except SchemaProblem as exc:
+        after = f" (as migrated from schema version {version})" if migrated else ""
+        raise ManifestError(f"{path} is corrupt: {exc}{after}", hint=FIX_HINT) from None
+    _warn_stored_names(stored, path)
     return data, migrated
 
 
-def shape_problem(data: Manifest) -> str | None:
-    """What is structurally wrong with a current-schema manifest, or None.
+def _warn_stored_names(stored: list[StoredName], path: Path) -> None:
+    """One warning per distinct refused name (a cluster's name recurs in every record)."""
+    places: dict[tuple[str, str], list[str]] = {}
+    for name in stored:
+        places.setdefault((name.kind, name.value), []).append(name.where)
+    for (kind, value), wheres in places.items():
+        more = f" (and {len(wheres) - 1} more places)" if len(wheres) > 1 else ""
+        warn_stored_name(kind, value, f"{path} at {wheres[0]}{more}", _fix(kind))
 
-    Only the nesting the code walks is checked; leaf values are not policed.
-    """
-    clusters = data.get("clusters")
-    if not isinstance(clusters, list) or not all(isinstance(c, str) for c in clusters):
-        return "clusters must be a list of names"
-    envs = data.get("envs")
-    if not isinstance(envs, dict):
-        return "envs must be an object"
-    for env_name, env in envs.items():
-        if not isinstance(env, dict):
-            return f"envs[{env_name!r}] must be an object"
-        checkpoints = env.get("checkpoints", {})
-        if not isinstance(checkpoints, dict):
-            return f"envs[{env_name!r}].checkpoints must be an object"
-        for cid, ck in checkpoints.items():
-            where = f"envs[{env_name!r}].checkpoints[{cid!r}]"
-            if not isinstance(ck, dict):
-                return f"{where} must be an object"
-            verifications = ck.get("verifications", {})
-            if not isinstance(verifications, dict):
-                return f"{where}.verifications must be an object"
-            for cluster, by_kind in verifications.items():
-                if not isinstance(by_kind, dict) or not all(
-                    isinstance(r, dict) for r in by_kind.values()
-                ):
-                    return f"{where}.verifications[{cluster!r}] must map device kinds to objects"
-    return None
+
+def _migrated(data: Manifest, version: int, path: Path) -> Manifest:
+    """``data`` migrated to the current schema, or a refusal saying why not."""
+    try:
+        # An old file skipped the walk the current schema gets; the migration steps
+        # copy and stringify its values, so bound its depth first.
+        check_depth(data)
+        return migrate(data, MANIFEST_VERSION)
+    except ParseProblem as exc:
+        raise ManifestError(f"{path} is corrupt: {exc}", hint=FIX_HINT) from None
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        raise ManifestError(
+            f"{path} (schema version {version}) could not be migrated: {exc}",
+            hint=FIX_HINT,
+        ) from None
+
+
+def _fix(kind: str) -> str:
+    if kind == "cluster name":
+        return (
+            "rename it by hand in the file (in `clusters` and under each checkpoint's "
+            f"`verifications`) to a valid name: {CLUSTER_NAME_RULE}; "
+            "until then, results cannot be recorded for it"
+        )
+    if kind == "device":
+        return f"re-verify on a valid device ({DEVICE_RULE}) to replace the record"
+    return (
+        "the record is kept but never replaced: delete it by hand, then re-verify "
+        "(device kinds are cpu, gpu and xpu)"
+    )

@@ -20,6 +20,7 @@ state            meaning
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -83,30 +84,42 @@ def checkpoint_state(
         return CheckpointState(state, cluster, device_kind, fetched_at=fetched_at)
     at = record.get("at")
     recorded = record.get("state")
+    checks = record.get("checks")
     stale_reason = _stale_reason(record.get("build") or {}, env, current_source_hash)
-    base = {
-        "cluster": cluster,
-        "device_kind": record.get("device_kind"),
-        "device": record.get("device"),
-        "at": at,
-        "age_s": _age_seconds(at, now),
-        "fetched_at": fetched_at,
-        "recorded_state": recorded,
-        "checks": record.get("checks") if isinstance(record.get("checks"), dict) else None,
-    }
     if stale_reason:
-        return CheckpointState("stale", message=stale_reason, **base)
-    state = recorded if recorded in ("verified", "failed", "drifted") else "failed"
-    return CheckpointState(state, message=record.get("message"), **base)
+        state, message = "stale", stale_reason
+    else:
+        state = recorded if recorded in _RECORDED_STATES else "failed"
+        message = record.get("message")
+    # Positional: status builds thousands of these, and keywords cost a third more.
+    return CheckpointState(
+        state,
+        cluster,
+        record.get("device_kind"),
+        record.get("device"),
+        at,
+        _age_seconds(at, now),
+        fetched_at,
+        message,
+        recorded,
+        checks if isinstance(checks, dict) else None,
+    )
+
+
+_RECORDED_STATES = ("verified", "failed", "drifted")
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 def _pick_record(by_kind: dict[str, Any], device_kind: str | None) -> dict[str, Any] | None:
     if device_kind is not None:
         return by_kind.get(device_kind)
-    records = [r for r in by_kind.values() if isinstance(r, dict)]
-    if not records:
-        return None
-    return max(records, key=lambda r: parse_time(r.get("at")) or datetime.min.replace(tzinfo=UTC))
+    latest, latest_at = None, _NEVER
+    for record in by_kind.values():
+        if isinstance(record, dict):
+            moment = parse_time(record.get("at")) or _NEVER
+            if latest is None or moment > latest_at:
+                latest, latest_at = record, moment
+    return latest
 
 
 def _stale_reason(
@@ -114,7 +127,12 @@ def _stale_reason(
 ) -> str | None:
     if not build.get("source_hash"):
         return "verified against an unrecorded build; re-verify"
-    if any(build.get(f) != env.get(f) for f in ("build_id", "built_at", "lock_hash")):
+    get, env_get = build.get, env.get
+    if (
+        get("build_id") != env_get("build_id")
+        or get("built_at") != env_get("built_at")
+        or get("lock_hash") != env_get("lock_hash")
+    ):
         return "env rebuilt since verification; re-verify (rootstock smoke-test)"
     current = current_source_hash or env.get("source_hash")
     if current and build.get("source_hash") != current:
@@ -123,14 +141,29 @@ def _stale_reason(
 
 
 def parse_time(text: Any) -> datetime | None:
-    """A manifest timestamp as an aware datetime (no offset means UTC); None if unreadable."""
+    """A manifest timestamp as an aware datetime (no offset means UTC); None if unreadable.
+
+    This is the rule for every timestamp the manifest stores: reading refuses a
+    file whose timestamp this cannot read (:mod:`.validate`).
+    """
     if not isinstance(text, str):
         return None
+    # No ISO-8601 timestamp is this long; a longer text stays out of the cache.
+    return _cached_parse_time(text) if len(text) <= 64 else _parse_time_text(text)
+
+
+def _parse_time_text(text: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+# A manifest repeats a few timestamps thousands of times (every record of one
+# smoke-test run, every build stamp), and ``status`` reads each of them several
+# times (the check on read, the latest record of a cell, its age).
+_cached_parse_time = functools.lru_cache(maxsize=4096)(_parse_time_text)
 
 
 def _age_seconds(at: Any, now: datetime | None) -> float | None:

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rootstock.errors import ManifestError, UsageError
+from rootstock.errors import ManifestError, UnstorableValue, UsageError
 from rootstock.install.atomic import atomic_write_bytes
 from rootstock.install.clusters import clusters_for_root
 from rootstock.install.layout import InstallLayout
@@ -33,6 +33,7 @@ from rootstock.install.manifest.schema import (
     unique,
     utc_now,
 )
+from rootstock.install.manifest.validate import SchemaProblem, check_manifest
 
 LOCK_NAME = "manifest.lock"
 DEFAULT_LOCK_TIMEOUT = 60.0
@@ -88,23 +89,41 @@ def update_manifest(
         _remove_orphaned_temp_files(path)
         data, raw = _read(path)
         result = mutate(data)
-        if raw is None or serialize_manifest(data) != raw:
+        # Never write what a read would refuse: the change is checked like a read.
+        _refuse_unreadable(data, path)
+        if raw is None or serialize_manifest(data, path) != raw:
             from rootstock import __version__
 
             data["schema_version"] = MANIFEST_VERSION
             data["updated_at"] = utc_now()
             data["written_by"] = f"rootstock {__version__}"
-            atomic_write_bytes(path, serialize_manifest(data))
+            atomic_write_bytes(path, serialize_manifest(data, path))
     return result
 
 
-def serialize_manifest(data: Manifest) -> bytes:
-    """The bytes written to disk: key-sorted, compact JSON and a newline.
+def serialize_manifest(data: Manifest, path: Path | str = "manifest.json") -> bytes:
+    """The bytes written to disk: key-sorted, compact, standard JSON and a newline.
 
     Compact because an indented dump runs in pure Python and is five times slower
-    on a large install; ``rootstock manifest show --json`` pretty-prints.
+    on a large install; ``rootstock manifest show --json`` pretty-prints. NaN and
+    infinities (which Python's ``json`` would write, and no reader accepts) raise
+    :class:`~rootstock.errors.UnstorableValue`, as does a value JSON has no type for.
     """
-    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf-8") + b"\n"
+    try:
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError) as exc:
+        raise UnstorableValue(f"refusing to write {path}: {exc}", hint=UNSTORABLE_HINT) from None
+    return text.encode("utf-8") + b"\n"
+
+
+UNSTORABLE_HINT = "nothing was written: the manifest is as it was"
+
+
+def _refuse_unreadable(data: Manifest, path: Path) -> None:
+    try:
+        check_manifest(data)
+    except SchemaProblem as exc:
+        raise UnstorableValue(f"refusing to write {path}: {exc}", hint=UNSTORABLE_HINT) from None
 
 
 def _remove_orphaned_temp_files(path: Path) -> None:
