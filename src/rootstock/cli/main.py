@@ -131,13 +131,14 @@ def _show_stored_name_warnings() -> None:
     """
     import warnings
 
-    from rootstock.names import StoredNameWarning
-
     default = warnings.showwarning
     if getattr(default, "rootstock_hook", False):
         return  # main() ran before in this process (tests, embedding callers)
 
     def show(message, category, filename, lineno, file=None, line=None):
+        # Imported here, not at start-up: whatever warns has imported it already.
+        from rootstock.names import StoredNameWarning
+
         if issubclass(category, StoredNameWarning):
             click.echo(f"warning: {message}", err=True)
         else:
