@@ -144,9 +144,7 @@ def test_a_run_dir_swept_by_another_process_mid_sweep_is_skipped(tmpdir_base, mo
     # Two starters sweep at once: a name listed by one is gone by the time it looks.
     dead = fake_run_dir(tmpdir_base, "dead", {"host": socket.gethostname(), "pid": dead_pid()})
     listdir = os.listdir
-    monkeypatch.setattr(
-        server.os, "listdir", lambda p: ["rootstock-vanished", *listdir(p)]
-    )
+    monkeypatch.setattr(server.os, "listdir", lambda p: ["rootstock-vanished", *listdir(p)])
     assert server.sweep_dead_run_dirs(tmpdir_base) == [dead]
 
 
