@@ -34,7 +34,7 @@ EXPECTED = {
     "no-script-block": (1, "no PEP 723 metadata block"),
     "unclosed-script-block": (3, "block is never closed"),
     "two-script-blocks": (8, "more than one '# /// script' block"),
-    "invalid-toml": (3, "block is not valid TOML"),
+    "invalid-toml": (3, "block cannot be read: invalid TOML"),
     "no-dependencies": (3, "block needs dependencies"),
     "rootstock-dependency": (3, "rootstock is not installed by name"),
     "requires-python-not-string": (3, "requires-python must be a string"),
@@ -423,3 +423,16 @@ def test_every_shared_id_is_reported(tmp_path):
     installed = conflict_fixture(tmp_path, "first", ids=("a-1", "b-1", "c-1"))
     new = conflict_fixture(tmp_path, "second", ids=("b-1", "c-1", "d-1"))
     assert [p.message.split("'")[1] for p in id_conflicts(new, [installed])] == ["b-1", "c-1"]
+
+
+def test_a_script_block_nested_past_the_bound_is_a_lint_problem(tmp_path):
+    # tomllib recurses: 100,000 nested arrays raise RecursionError, not a decode error.
+    path = tmp_path / "deep.py"
+    path.write_text(
+        '"""Deep on purpose."""\n\n# /// script\n'
+        f'# dependencies = ["ase"]\n# x = {"[" * 100_000}\n# ///\n\n'
+        'CHECKPOINTS = {"deep-1": "x"}\n\n\ndef setup(checkpoint, device="cuda", **kw):\n'
+        "    return None\n"
+    )
+    _, problems = parse_env_file(path)
+    assert any("nested deeper than" in p.message for p in problems), problems

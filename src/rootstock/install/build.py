@@ -34,6 +34,7 @@ from rootstock.install.envs import ENV_METADATA
 from rootstock.install.interpreters import Interpreter
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
+from rootstock.install.parsing import loads_json
 from rootstock.install.supervise import process_alive, process_start_time, run_supervised
 from rootstock.install.uv import run_uv, uv_binary, uv_environment
 from rootstock.install.vendor import vendor_wheel
@@ -389,7 +390,7 @@ def _owner_record(name: str) -> dict:
 def _build_is_live(build_dir: Path, base: str, members: list[Path]) -> bool:
     owner_file = build_dir / f"{base}{OWNER_SUFFIX}"
     try:
-        owner = json.loads(owner_file.read_text())
+        owner = loads_json(owner_file.read_bytes())
         age = time.time() - owner_file.stat().st_mtime
         if not isinstance(owner, dict):
             raise ValueError(owner_file)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from rootstock.install.envtables import (
     read_verify_kwargs,
     read_verify_structure,
 )
+from rootstock.install.parsing import ParseProblem, loads_toml
 
 __all__ = [
     "CHECKPOINT_ID_RE",
@@ -200,11 +200,11 @@ def _read_script_block(env: EnvFile, problem: Report) -> None:
         for row in block.group("content").splitlines(keepends=True)
     )
     try:
-        meta = tomllib.loads(content)
-    except tomllib.TOMLDecodeError as exc:
+        meta = loads_toml(content)
+    except ParseProblem as exc:
         problem(
             line,
-            f"the '# /// script' block is not valid TOML: {exc}",
+            f"the '# /// script' block cannot be read: {exc}",
             "fix the TOML inside the block (each line starts with '# ')",
         )
         return

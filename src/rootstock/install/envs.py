@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import difflib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from rootstock.install.envfile import (
     source_hash,
 )
 from rootstock.install.layout import InstallLayout
+from rootstock.install.parsing import loads_json
 
 ENV_METADATA = "rootstock-env.json"
 
@@ -365,7 +365,7 @@ def env_metadata_path(layout: InstallLayout, name: str) -> Path:
 def read_env_metadata(layout: InstallLayout, name: str) -> dict | None:
     """The ``rootstock-env.json`` of a built env, or None if absent or unreadable."""
     try:
-        data = json.loads(env_metadata_path(layout, name).read_text())
+        data = loads_json(env_metadata_path(layout, name).read_bytes())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

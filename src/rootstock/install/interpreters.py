@@ -25,6 +25,7 @@ from packaging.version import Version
 
 from rootstock.errors import BuildError, EnvFileError
 from rootstock.install.layout import InstallLayout
+from rootstock.install.parsing import loads_json
 from rootstock.install.supervise import run_supervised
 from rootstock.install.uv import run_uv
 
@@ -229,7 +230,7 @@ def _find_managed(layout: InstallLayout, request: str) -> Interpreter | None:
 
 def _recent_failure(marker: Path) -> bool:
     try:
-        at = json.loads(marker.read_text())["at"]
+        at = loads_json(marker.read_bytes())["at"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
     return time.time() - float(at) < _DOWNLOAD_RETRY_AFTER_S

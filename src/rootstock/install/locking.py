@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from rootstock.errors import LockTimeout
+from rootstock.install.parsing import loads_json
 
 _UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP}
 _POLL_S = 0.05
@@ -194,17 +195,17 @@ def _dir_lock_is_held(path: Path) -> bool:
 
 def _dir_lock_is_stale(lock_dir: Path) -> bool:
     try:
-        owner = json.loads((lock_dir / "owner.json").read_text())
+        owner = loads_json((lock_dir / "owner.json").read_bytes())
     except FileNotFoundError:
         return not lock_dir.exists()  # released between our rename and this read
     except (OSError, ValueError):
         return False
-    if owner.get("host") != socket.gethostname():
+    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
         return False
     try:
         os.kill(int(owner["pid"]), 0)
     except ProcessLookupError:
         return True
-    except (PermissionError, KeyError, ValueError):
+    except (PermissionError, KeyError, ValueError, TypeError, OverflowError):
         return False
     return False

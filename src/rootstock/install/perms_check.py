@@ -21,7 +21,6 @@ Problem kinds (stable; ``check-perms --json`` reports them): ``missing``,
 from __future__ import annotations
 
 import grp
-import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pathlib import Path
 from rootstock.install.acl import Acl, AclUnsupported, perm_text, read_acl
 from rootstock.install.envs import ENV_METADATA
 from rootstock.install.layout import InstallLayout
+from rootstock.install.parsing import loads_json
 from rootstock.install.perms import SPOOL_MODE, dir_acl, usage_disabled_marker, validate_group
 
 _KEY_FILES = ("layout.json", "manifest.json")
@@ -319,7 +319,7 @@ def _env_interpreters(env_dir: Path) -> list[Path]:
     """The base interpreter(s) an env runs on: recorded, and what bin/python resolves to."""
     found: list[Path] = []
     try:
-        recorded = json.loads((env_dir / ENV_METADATA).read_text())["interpreter"]["path"]
+        recorded = loads_json((env_dir / ENV_METADATA).read_bytes())["interpreter"]["path"]
         found.append(Path(recorded))
     except (OSError, ValueError, KeyError, TypeError):
         home = _pyvenv_home(env_dir)

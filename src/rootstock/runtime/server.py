@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rootstock.errors import ProtocolError, WorkerTimeout
+from rootstock.install.parsing import loads_json
 
 log = logging.getLogger("rootstock.runtime")
 
@@ -155,7 +156,7 @@ def sweep_dead_run_dirs(base: Path) -> list[Path]:
         try:
             fd = os.open(path / OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, encoding="utf-8") as fh:
-                record = json.loads(fh.read(4096))
+                record = loads_json(fh.read(4096))
         except FileNotFoundError:
             # Still being made (fresh), or its maker died before the record: the
             # age tells them apart. No record says which host, so be patient.
