@@ -104,3 +104,11 @@ def test_a_second_refusal_is_final(late_server):
 def test_the_default_delay_is_short_and_inside_the_cap():
     policy = RetryPolicy()
     assert 0 < policy.refused_delay <= 2.0 < policy.total_cap
+
+
+@pytest.mark.parametrize("body", [b"[" * 100_000, b'{"a": NaN}', b"\xff", b"<html>"])
+def test_an_answer_that_is_not_standard_json_reads_as_none(body):
+    # A hostile or broken server's deep nesting is "not JSON", never a RecursionError.
+    from rootstock.ops.http_client import HttpOutcome
+
+    assert HttpOutcome(status=500, body=body, attempts=1, seconds=0.1).json() is None

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from rootstock.errors import ConfigError
+from rootstock.install.parsing import loads_json
 
 TIMEOUT_ENV = "ROOTSTOCK_PUSH_TIMEOUT"
 RETRY_CAP_ENV = "ROOTSTOCK_PUSH_RETRY_CAP"
@@ -138,8 +139,8 @@ class HttpOutcome:
     def json(self) -> Any:
         """The body as JSON, or None when it is not JSON."""
         try:
-            return json.loads(self.body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
+            return loads_json(self.body)  # a hostile server's deep JSON is "not JSON" too
+        except ValueError:
             return None
 
 
