@@ -12,6 +12,7 @@ alive, so the fallback never steals a live lock from another node.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -114,8 +115,12 @@ class FileLock:
                 shutil.rmtree(staging, ignore_errors=True)
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                     raise
-                if _dir_lock_is_stale(lock_dir):
-                    shutil.rmtree(lock_dir, ignore_errors=True)
+                # A lock directory whose record is gone is being released: it is
+                # never removed here (by now it may be the next holder's); the next
+                # rename, after the poll, takes its place.
+                holder = _read_owner(lock_dir)
+                if isinstance(holder, dict) and _owner_is_dead(holder):
+                    _break_stale(lock_dir, holder)
                     continue
             if not blocking:
                 return False
@@ -189,18 +194,32 @@ def is_locked(path: Path) -> bool:
 
 def _dir_lock_is_held(path: Path) -> bool:
     """The ``mkdir`` fallback's answer, without breaking a stale lock (read-only)."""
-    lock_dir = path.with_name(path.name + ".d")
-    return lock_dir.exists() and not _dir_lock_is_stale(lock_dir)
-
-
-def _dir_lock_is_stale(lock_dir: Path) -> bool:
-    try:
-        owner = loads_json((lock_dir / "owner.json").read_bytes())
-    except FileNotFoundError:
-        return not lock_dir.exists()  # released between our rename and this read
-    except (OSError, ValueError):
+    owner = _read_owner(path.with_name(path.name + ".d"))
+    if owner is _GONE:
         return False
-    if not isinstance(owner, dict) or owner.get("host") != socket.gethostname():
+    return not (isinstance(owner, dict) and _owner_is_dead(owner))
+
+
+_GONE = object()  # the lock directory's record is gone: released, or being released
+
+
+def _read_owner(lock_dir: Path) -> object:
+    """The owner record of ``lock_dir``; :data:`_GONE` when there is none.
+
+    A record that cannot be read or parsed is returned as None: its owner is
+    unknown, so the lock counts as held, never as stale.
+    """
+    try:
+        return loads_json((lock_dir / "owner.json").read_bytes())
+    except FileNotFoundError:
+        return _GONE
+    except (OSError, ValueError):
+        return None
+
+
+def _owner_is_dead(owner: dict) -> bool:
+    """True only for an owner on this host whose pid is gone (never another node's)."""
+    if owner.get("host") != socket.gethostname():
         return False
     try:
         os.kill(int(owner["pid"]), 0)
@@ -209,3 +228,27 @@ def _dir_lock_is_stale(lock_dir: Path) -> bool:
     except (PermissionError, KeyError, ValueError, TypeError, OverflowError):
         return False
     return False
+
+
+def _break_stale(lock_dir: Path, owner: dict) -> None:
+    """Remove ``lock_dir`` if it still holds the dead ``owner``'s record.
+
+    Two waiters may judge the same lock stale. Removing it by name could remove a
+    fresh lock the other waiter's break let a third process take, so the directory
+    is first renamed aside (atomic) and its record compared with the one judged
+    dead; one that belongs to somebody else is renamed back at once.
+    """
+    aside = lock_dir.with_name(f".{lock_dir.name}.stale-{os.getpid()}-{time.time_ns()}")
+    try:
+        os.rename(lock_dir, aside)
+    except OSError:
+        return  # already broken (or released) by somebody else
+    if _read_owner(aside) == owner:
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+    # Should a third process have taken the name in the microseconds between the
+    # two renames, this fails and two holders remain: that needs two waiters breaking
+    # one dead lock at once and a third arriving between two syscalls, where removal
+    # by name (what this replaces) failed whenever the two breaks interleaved.
+    with contextlib.suppress(OSError):
+        os.rename(aside, lock_dir)
