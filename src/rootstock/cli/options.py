@@ -19,12 +19,12 @@ of ``1e308`` s overflows the C ``timeval`` that sockets and locks wait with.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from rootstock.errors import UsageError
-from rootstock.ops.kwargs import MAX_KWARG_DEPTH
 
 # A year: longer than any batch allocation, far below what socket timeouts accept.
 MAX_SECONDS = 365 * 24 * 3600.0
@@ -114,71 +114,46 @@ PORT = Count(0, 65535)
 BODY_BYTES = Count(1024, 2**40)
 
 
-class ClusterName(click.ParamType):
-    """A cluster name by :func:`rootstock.names.cluster_name`, returned lower-case.
+class CheckedBy(click.ParamType):
+    """A value that one shared rule checks (or normalises); its refusal exits 2.
 
-    The same rule holds whether the name picks a registry entry or is recorded in
-    the manifest: a name the manifest would refuse can never select anything.
+    ``check`` returns the value to use, or raises
+    :class:`~rootstock.errors.UsageError`, whose message and hint become click's.
+    The rules live below the CLI (:mod:`rootstock.names`, the ops), so a name or
+    value the CLI accepts is never refused by the layer it reaches.
     """
 
-    name = "cluster"
+    def __init__(self, name: str, check: Callable[[Any], Any]) -> None:
+        self.name = name
+        self.check = check
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
-        """Normalise ``value`` (strip, lower-case) or fail naming the rule."""
-        from rootstock.names import cluster_name
-
+        """Return ``check(value)``, or fail with the rule's message and hint."""
         try:
-            return cluster_name(value)
+            return self.check(value)
         except UsageError as exc:
-            self.fail(f"{exc.message}; {exc.hint}", param, ctx)
+            self.fail(f"{exc.message}; {exc.hint}" if exc.hint else exc.message, param, ctx)
 
 
-class DeviceName(click.ParamType):
-    """A device string by :func:`rootstock.names.device_name` (``cpu``, ``cuda:1``, ...)."""
+def _cluster_name(value: Any) -> str:
+    # Imported when an option is parsed, so --help loads none of it.
+    from rootstock.names import cluster_name
 
-    name = "device"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
-        """Return ``value`` stripped, or fail listing the accepted devices."""
-        from rootstock.names import device_name
-
-        try:
-            return device_name(value)
-        except UsageError as exc:
-            self.fail(f"{exc.message}; {exc.hint}", param, ctx)
+    return cluster_name(value)
 
 
-class JsonObject(click.ParamType):
-    """A JSON object (``--setup-kwargs``): standard JSON, nested at most ``max_depth``."""
+def _device_name(value: Any) -> str:
+    from rootstock.names import device_name
 
-    name = "json"
+    return device_name(value)
 
-    def __init__(self, max_depth: int) -> None:
-        self.max_depth = max_depth
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
-        """Parse ``value`` with the strict reader; a dict, or a usage error that says why."""
-        from rootstock.install.parsing import ParseProblem, TooDeep, loads_json
+def _setup_kwargs(value: Any) -> dict[str, Any] | None:
+    if isinstance(value, dict):
+        return value  # click converts a default (or a converted value) again
+    from rootstock.ops.benchmark_system import parse_setup_kwargs
 
-        if isinstance(value, dict):
-            return value
-        option = param.opts[0] if param is not None and param.opts else "the value"
-        example = 'e.g. \'{"task": "omat"}\''
-        try:
-            parsed = loads_json(value, max_depth=self.max_depth)
-        except TooDeep:
-            self.fail(f"{option} is nested deeper than {self.max_depth} levels", param, ctx)
-        except ParseProblem as exc:
-            self.fail(
-                f"{option} is not valid JSON: {exc}; pass a JSON object, {example}", param, ctx
-            )
-        if not isinstance(parsed, dict):
-            self.fail(
-                f"{option} must be a JSON object, not {type(parsed).__name__}; {example}",
-                param,
-                ctx,
-            )
-        return parsed
+    return parse_setup_kwargs(value)
 
 
 class NonEmptyPath(click.Path):
@@ -200,6 +175,10 @@ def directory() -> NonEmptyPath:
     return NonEmptyPath(file_okay=False)
 
 
-CLUSTER = ClusterName()
-DEVICE = DeviceName()
-SETUP_KWARGS = JsonObject(MAX_KWARG_DEPTH)
+# Cluster names are stripped and lower-cased (``names.cluster_name``); the same rule
+# holds whether the name picks a registry entry or is recorded in the manifest.
+CLUSTER = CheckedBy("cluster", _cluster_name)
+# cpu, cuda[:N], xpu[:N], gpu[:N], mps, rocm or hip (``names.device_name``).
+DEVICE = CheckedBy("device", _device_name)
+# A standard JSON object nested at most ops.kwargs.MAX_KWARG_DEPTH deep.
+SETUP_KWARGS = CheckedBy("json", _setup_kwargs)

@@ -22,6 +22,7 @@ from pydantic import (
 
 from rootstock.dashboard.models import NAME, TIME
 from rootstock.install.manifest import DISPLAY_STATES, MANIFEST_VERSION, parse_time
+from rootstock.names import CLUSTER_NAME_PATTERN
 
 INT32 = 2**31 - 1  # the Integer columns' range on PostgreSQL
 MAX_USAGE_ROWS = 100_000
@@ -31,7 +32,7 @@ MAX_DEPTH = 64
 TIME_YEARS = (2000, 2200)
 
 ClusterName = Annotated[
-    str, StringConstraints(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    str, StringConstraints(min_length=1, max_length=64, pattern=f"^{CLUSTER_NAME_PATTERN.pattern}$")
 ]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME)]
 Short = Annotated[str, StringConstraints(min_length=1, max_length=20)]
