@@ -19,8 +19,7 @@ from pathlib import Path
 
 from rootstock import names
 from rootstock.errors import ConfigError, UsageError
-from rootstock.install.config import absolute_path_problem
-from rootstock.install.parsing import ParseProblem, loads_toml
+from rootstock.install.parsing import ParseProblem, absolute_path_problem, loads_toml
 
 CLUSTERS_FILE_ENV = "ROOTSTOCK_CLUSTERS_FILE"
 _ENTRY_FORM = 'each entry is [clusters.NAME] with root = "/path" and an optional cache_root'

@@ -21,7 +21,12 @@ from typing import Any
 from rootstock import names
 from rootstock.errors import ConfigError, UsageError
 from rootstock.install.atomic import atomic_write_text
-from rootstock.install.parsing import ParseProblem, loads_toml
+from rootstock.install.parsing import (
+    ParseProblem,
+    absolute_path_problem,
+    loads_toml,
+    type_name,
+)
 
 CONFIG_ENV = "ROOTSTOCK_CONFIG"
 CONFIG_KEYS = (
@@ -49,45 +54,6 @@ def config_path() -> Path:
         return Path(override).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base) / "rootstock" / "config.toml"
-
-
-def absolute_path_problem(value: object, expand_home: bool = False) -> str | None:
-    """Why ``value`` cannot be a stored absolute path, or None if it can.
-
-    A stored path must be a non-empty string without NUL that is absolute as
-    written: a relative one would mean something different in every working
-    directory. ``expand_home`` allows a leading ``~`` (the user's own files only:
-    in a shared file it would name a different home for every user).
-    """
-    if not isinstance(value, str):
-        return f"must be a path string, not {type_name(value)}"
-    if not value.strip():
-        return "must be a path, not an empty string"
-    if "\0" in value:
-        return "must not contain a NUL character"
-    written = os.path.expanduser(value) if expand_home else value
-    if not os.path.isabs(written):
-        return f"must be an absolute path, not {value!r}"
-    return None
-
-
-def type_name(value: object) -> str:
-    """The TOML/JSON name of ``value``'s type, for messages (never the value: it may be secret)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "a table"
-    return f"a {type(value).__name__}"
 
 
 def config_problem(key: str, value: Any) -> str | None:

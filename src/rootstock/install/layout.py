@@ -33,8 +33,8 @@ from rootstock.install.clusters import (
     load_registry,
     unknown_cluster_error,
 )
-from rootstock.install.config import absolute_path_problem, config_path, load_config, type_name
-from rootstock.install.parsing import ParseProblem, loads_json
+from rootstock.install.config import config_path, load_config
+from rootstock.install.parsing import ParseProblem, absolute_path_problem, loads_json, type_name
 
 LAYOUT_VERSION = 1
 ROOT_ENV = "ROOTSTOCK_ROOT"

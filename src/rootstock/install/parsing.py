@@ -12,12 +12,16 @@ right :class:`~rootstock.errors.RootstockError` with the file's path and a hint.
   raises ``RecursionError``, which is not a decode error; it is caught here and
   reported like one. A value that parsed but nests deeper than ``max_depth`` is
   refused too (:func:`check_depth`), so no later walk can recurse out of stack.
+
+Two helpers word the refusals of values the files hold: :func:`type_name` and
+:func:`absolute_path_problem` (a stored path must be absolute as written).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import tomllib
 from typing import Any
 
@@ -114,6 +118,45 @@ def dumps_json(value: Any, **options: Any) -> str:
         return json.dumps(value, allow_nan=False, **options)
     except ValueError as exc:
         raise ParseProblem(f"cannot be written as standard JSON: {exc}") from None
+
+
+def absolute_path_problem(value: object, expand_home: bool = False) -> str | None:
+    """Why ``value`` cannot be a stored absolute path, or None if it can.
+
+    A stored path must be a non-empty string without NUL that is absolute as
+    written: a relative one would mean something different in every working
+    directory. ``expand_home`` allows a leading ``~`` (the user's own files only:
+    in a shared file it would name a different home for every user).
+    """
+    if not isinstance(value, str):
+        return f"must be a path string, not {type_name(value)}"
+    if not value.strip():
+        return "must be a path, not an empty string"
+    if "\0" in value:
+        return "must not contain a NUL character"
+    written = os.path.expanduser(value) if expand_home else value
+    if not os.path.isabs(written):
+        return f"must be an absolute path, not {value!r}"
+    return None
+
+
+def type_name(value: object) -> str:
+    """The TOML/JSON name of ``value``'s type, for messages (never the value: it may be secret)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return f"a {type(value).__name__}"
 
 
 def _refuse_constant(name: str) -> Any:
