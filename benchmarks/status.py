@@ -14,9 +14,10 @@ uv cache: about 10 s) and times `smoke-test --device cpu` with `--jobs 2` agains
 `--jobs 1`: target <= 0.7x. It needs uv's cache or the network; `--no-build`
 skips it.
 
-`--baseline REF` also times `status --json` and `--help` of the commit REF (a
-git worktree of it, imported through PYTHONPATH) alternately with this checkout's,
-on the same synthetic install, and reports this checkout's time over REF's.
+`--baseline REF` also times `status --json`, the `status` table and `--help` of
+the commit REF (a git worktree of it, imported through PYTHONPATH) alternately
+with this checkout's, on the same synthetic install, and reports this checkout's
+time over REF's.
 
     python benchmarks/status.py [--quick] [--repeat N] [--no-build] [--uv-cache DIR]
                                 [--baseline REF]
@@ -42,6 +43,7 @@ from _common import median, print_table, run, timed
 N_ENVS, N_CHECKPOINTS, CLUSTERS = 40, 25, ("alpha", "beta", "gamma")
 N_VARIANTS = 4  # the last envs are gamma-only variants shadowing the first envs' ids
 SMOKE_IDS = 10
+COMPARED = {"status": "status --json", "table": "status (table)", "help": "--help"}
 STAMP = "2025-03-01T09:00:00+00:00"
 
 ENV_SOURCE = '''\
@@ -241,8 +243,11 @@ def main() -> None:
         }
         envs = dict.fromkeys(commands, env)
         if args.baseline:
+            # The table a person reads too: rich's rendering is most of it.
+            commands["table"] = [*rootstock, "status", "--root", root]
+            envs["table"] = env
             base_env = {**env, "PYTHONPATH": str(baseline_tree(work, args.baseline) / "src")}
-            for name in ("status", "help"):
+            for name in COMPARED:
                 commands[f"base-{name}"] = commands[name]
                 envs[f"base-{name}"] = base_env
         for _ in range(2):  # write the bytecode, then warm the page cache
@@ -272,10 +277,10 @@ def main() -> None:
             ),
         ]
         if args.baseline:
-            for name in ("status", "help"):
+            for name in COMPARED:
                 rows.append(
                     (
-                        f"{name}: this checkout / {args.baseline}",
+                        f"{COMPARED[name]}: this checkout / {args.baseline}",
                         f"{t[name]:.3f} s / {t['base-' + name]:.3f} s"
                         f" = {t[name] / t['base-' + name]:.2f}x",
                         "<= 1.05x",

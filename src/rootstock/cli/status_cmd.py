@@ -52,14 +52,14 @@ def describe_state(state: dict) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(root, cluster, cache_root, sizes, as_json):
     """Show envs, their build state, and every checkpoint's state per cluster."""
-    from rich.markup import escape
-
     from rootstock.ops.status import status as run_status
 
     doc = run_status(layout_from(root, cluster, cache_root), cluster, sizes)
     if as_json:
-        emit_json(doc)
+        emit_json(doc)  # no rich on this path: scripts poll it
         return
+    from rich.markup import escape
+
     for line in doc["warnings"]:
         warn(line)
     out = console()
