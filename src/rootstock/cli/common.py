@@ -6,15 +6,21 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from rootstock.cli.options import CLUSTER, directory
 from rootstock.install.layout import InstallLayout, resolve_layout
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
-def root_options(func: Callable) -> Callable:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def root_options(func: F) -> F:
     """Add ``--root``, ``--cluster`` and ``--cache-root`` to a command."""
     func = click.option(
         "--cache-root",
@@ -53,14 +59,14 @@ def emit_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=indent, sort_keys=True, default=str))
 
 
-def console(stderr: bool = False):
+def console(stderr: bool = False) -> Console:
     """A rich console (rich is imported only by commands that draw)."""
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
-def table(title: str | None, columns: list[str]):
+def table(title: str | None, columns: list[str]) -> Table:
     """A rich table with the house look."""
     from rich.table import Table
 

@@ -10,8 +10,8 @@ import contextlib
 import gc
 import importlib.util
 import socket
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -21,12 +21,15 @@ from rootstock.dashboard.retention import DEFAULT_KEEP_BODIES, KEEP_BODIES_ENV, 
 from rootstock.errors import RootstockError
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
     from sqlalchemy.orm import Session
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 EXTRA_HINT = "pip install 'rootstock[dashboard]'"
 
 
-def _db_option(func):
+def _db_option(func: F) -> F:
     return click.option(
         "--db",
         envvar="ROOTSTOCK_DASHBOARD_DB",
@@ -59,7 +62,7 @@ def _importable(module: str) -> bool:
         return False
 
 
-def _migrated_engine(db: str | None):
+def _migrated_engine(db: str | None) -> Engine:
     """The engine for ``--db``, with the schema brought up to date."""
     _require_extra()
     from rootstock.dashboard.db import database_url, make_engine, migrate
@@ -122,7 +125,9 @@ def dashboard() -> None:
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
 )
-def serve(db, host, port, max_body, keep_bodies, log_level):
+def serve(
+    db: str | None, host: str, port: int, max_body: int, keep_bodies: int, log_level: str
+) -> None:
     """Serve the dashboard (pages and the /api/v1 JSON API) until interrupted.
 
     Migrates the database to the current schema first. Listens on loopback by
@@ -179,7 +184,7 @@ def _listen(host: str, port: int) -> socket.socket:
 @dashboard.command("add-cluster")
 @click.argument("name")
 @_db_option
-def add_cluster(name, db):
+def add_cluster(name: str, db: str | None) -> None:
     """Register a cluster that may push manifests (lower-case, as in the registry)."""
     from rootstock.dashboard import credentials
 
@@ -201,7 +206,7 @@ def add_cluster(name, db):
 @click.option("--maintainer", required=True, metavar="EMAIL", help="Who holds the key.")
 @_db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the key and secret as JSON.")
-def issue_key(clusters, maintainer, db, as_json):
+def issue_key(clusters: tuple[str, ...], maintainer: str, db: str | None, as_json: bool) -> None:
     """Issue an API key and print its secret, once (only a hash of it is kept)."""
     from rootstock.dashboard import credentials
 
@@ -223,20 +228,21 @@ def issue_key(clusters, maintainer, db, as_json):
 @dashboard.command("revoke-key")
 @click.argument("key_id")
 @_db_option
-def revoke_key(key_id, db):
+def revoke_key(key_id: str, db: str | None) -> None:
     """Revoke an API key: its next push gets 401."""
     from rootstock.dashboard import credentials
 
     with _transaction(db) as session:
         key = credentials.revoke_key(session, key_id)
         revoked_at = key.revoked_at
+    assert revoked_at is not None  # revoke_key always leaves the key revoked
     click.echo(f"revoked {key_id} (at {revoked_at.isoformat(timespec='seconds')})")
 
 
 @dashboard.command("keys")
 @_db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the keys as JSON.")
-def keys(db, as_json):
+def keys(db: str | None, as_json: bool) -> None:
     """List API keys with their maintainer, clusters and state (never secrets)."""
     from rootstock.dashboard import credentials
 

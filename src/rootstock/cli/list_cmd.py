@@ -10,7 +10,7 @@ from rootstock.cli.common import console, emit_json, layout_from, root_options, 
 @click.command("list")
 @root_options
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
-def list_envs(root, cluster, cache_root, as_json):
+def list_envs(root: str | None, cluster: str | None, cache_root: str | None, as_json: bool) -> None:
     """List installed envs, their checkpoint ids, custom entries and variants."""
     from rich.markup import escape
 

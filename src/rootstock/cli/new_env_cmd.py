@@ -53,7 +53,7 @@ def setup(checkpoint, device="cuda", **kw):
     help="Where to write it (default: ./NAME.py).",
 )
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
-def new_env(name, output, force):
+def new_env(name: str, output: str | None, force: bool) -> None:
     """Write a template env file for a new model family NAME."""
     from rootstock.errors import RootstockError, UsageError
     from rootstock.install.envfile import ENV_NAME_RE, read_env_file

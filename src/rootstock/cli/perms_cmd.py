@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from rootstock.cli.common import emit_json, warn
 from rootstock.cli.options import CLUSTER, NonEmptyPath, directory
+
+if TYPE_CHECKING:
+    from rootstock.install.layout import InstallLayout
+    from rootstock.install.perms_check import PermProblem
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _LOCATION = [
     click.argument("root_arg", metavar="[ROOT]", required=False, type=NonEmptyPath(dir_okay=True)),
@@ -24,7 +33,7 @@ _LOCATION = [
 ]
 
 
-def _location(func):
+def _location(func: F) -> F:
     for decorator in reversed(_LOCATION):
         func = decorator(func)
     return func
@@ -43,8 +52,16 @@ def _location(func):
 @click.option("--apply", "do_apply", is_flag=True, help="Run the commands (default: print them).")
 @click.option("-y", "--yes", is_flag=True, help="With --apply: do not ask for confirmation.")
 def setup_perms(
-    root_arg, cluster, cache_root, group, retrofit, usage_dir, no_usage_spool, do_apply, yes
-):
+    root_arg: str | None,
+    cluster: str | None,
+    cache_root: str | None,
+    group: str,
+    retrofit: bool,
+    usage_dir: str | None,
+    no_usage_spool: bool,
+    do_apply: bool,
+    yes: bool,
+) -> None:
     """Make an install root world-readable and writable by its project group.
 
     Without --apply this prints the exact commands (a shell script you can review
@@ -97,7 +114,13 @@ def setup_perms(
 @_location
 @click.option("--group", help="Also require this group to own the roots and be in their ACLs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def check_perms(root_arg, cluster, cache_root, group, as_json):
+def check_perms(
+    root_arg: str | None,
+    cluster: str | None,
+    cache_root: str | None,
+    group: str | None,
+    as_json: bool,
+) -> None:
     """Check that other users can use an install (read-only, stats only the roots).
 
     Exit code 0 when the roots look right, 1 when problems are printed.
@@ -124,7 +147,7 @@ def check_perms(root_arg, cluster, cache_root, group, as_json):
         raise click.exceptions.Exit(1)
 
 
-def warn_about_perms(layout) -> None:
+def warn_about_perms(layout: InstallLayout) -> None:
     """The quick check install and add run up front: warnings only, never an error."""
     from rootstock.ops.perms import check
 
@@ -148,7 +171,7 @@ def warn_about_perms(layout) -> None:
     )
 
 
-def _spool_line(spool: dict, cache_root) -> str:
+def _spool_line(spool: dict[str, Any], cache_root: Path) -> str:
     """``PATH [-> TARGET] (STATE)``, or why the spool was not looked at."""
     if spool.get("state") == "unchecked":
         return f"not checked: the cache root {cache_root} does not exist"
@@ -156,7 +179,7 @@ def _spool_line(spool: dict, cache_root) -> str:
     return f"{spool.get('path')}{target} ({spool.get('state')})"
 
 
-def _print_problems(problems, err: bool = True) -> None:
+def _print_problems(problems: Iterable[PermProblem], err: bool = True) -> None:
     for problem in problems:
         click.echo(f"  {problem.path}: {problem.message}", err=err)
         click.echo(f"    fix: {problem.fix}", err=err)

@@ -10,7 +10,7 @@ from rootstock.cli.common import emit_json, root_options
 @click.command()
 @root_options
 @click.option("--json", "as_json", is_flag=True, help="Print the resolution as JSON.")
-def resolve(root, cluster, cache_root, as_json):
+def resolve(root: str | None, cluster: str | None, cache_root: str | None, as_json: bool) -> None:
     """Show the install root and cache root, and which rule supplied each.
 
     Order: --root, the cluster registry entry for --cluster, $ROOTSTOCK_ROOT, then

@@ -16,7 +16,9 @@ def usage() -> None:
 @root_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--since", metavar="YYYY-MM", help="Only months from this one on.")
-def report(root, cluster, cache_root, as_json, since):
+def report(
+    root: str | None, cluster: str | None, cache_root: str | None, as_json: bool, since: str | None
+) -> None:
     """Distinct users, sessions and force calls by month, env and checkpoint."""
     from rootstock.install.usage import TORN_RECORD_MAX_AGE_DAYS
     from rootstock.ops.usage import check_month, usage_report
@@ -56,7 +58,7 @@ def report(root, cluster, cache_root, as_json, since):
 
 @usage.command("compact")
 @root_options
-def compact(root, cluster, cache_root):
+def compact(root: str | None, cluster: str | None, cache_root: str | None) -> None:
     """Fold raw records into monthly rollups and delete the folded records."""
     from rootstock.install.usage import TORN_RECORD_MAX_AGE_DAYS
     from rootstock.ops.usage import compact as run_compact
@@ -87,7 +89,9 @@ def compact(root, cluster, cache_root):
 @root_options
 @click.option("--since", metavar="YYYY-MM", help="Only months from this one on.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def push(root, cluster, cache_root, since, as_json):
+def push(
+    root: str | None, cluster: str | None, cache_root: str | None, since: str | None, as_json: bool
+) -> None:
     """Send the monthly counts (as `usage report` shows them) to the dashboard.
 
     Only aggregates travel: sessions, distinct users and force calls per month, env

@@ -16,11 +16,12 @@ import threading
 import time
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from rootstock.errors import RootstockError
 
@@ -129,7 +130,7 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
     )
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection, _record) -> None:
+    def _on_connect(dbapi_connection: sqlite3.Connection, _record: ConnectionPoolEntry) -> None:
         # Take transaction control from the driver, so that "begin" below decides
         # between a read (deferred) and a write (immediate) transaction.
         dbapi_connection.isolation_level = None
@@ -149,7 +150,7 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
     writers = threading.Lock()
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:
+    def _on_begin(conn: Connection) -> None:
         if not conn.get_execution_options().get(WRITE_OPTION, False):
             conn.exec_driver_sql("BEGIN")
             return
@@ -174,7 +175,7 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
     return engine
 
 
-def _use_wal(cursor) -> None:
+def _use_wal(cursor: sqlite3.Cursor) -> None:
     """Switch the database file to WAL (kept in the file, so once is enough).
 
     SQLite answers "database is locked" at once, without its busy handler, when two

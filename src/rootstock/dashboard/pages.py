@@ -241,7 +241,8 @@ def cluster_page(request: Request, name: str) -> HTMLResponse:
         with request.app.state.sessions() as session:
             detail = views.cluster_detail(session, name)
             pushes = views.push_history(session, name, limit=10) if detail else None
-    if detail is None:
+    # Clusters are never removed, so pushes is None only when detail is: checked for the type.
+    if detail is None or pushes is None:
         return render(
             "not_found.html",
             status_code=404,

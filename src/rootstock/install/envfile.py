@@ -293,9 +293,14 @@ def _read_module(env: EnvFile, tree: ast.Module, problem: Report) -> None:
         env.verify_kwargs = read_verify_kwargs(table, line, key_lines, env.checkpoints, problem)
     if "VERIFY_CHECKS" in values:
         line, table = values["VERIFY_CHECKS"]
-        node = nodes["VERIFY_CHECKS"]
+        checks_node = nodes["VERIFY_CHECKS"]
         env.verify_checks = read_verify_checks(
-            table, line, _key_lines(node), env.checkpoints, problem, _nested_key_lines(node)
+            table,
+            line,
+            _key_lines(checks_node),
+            env.checkpoints,
+            problem,
+            _nested_key_lines(checks_node),
         )
     if "CLUSTERS" in values:
         line, table = values["CLUSTERS"]
@@ -350,7 +355,7 @@ def _module_level_statements(tree: ast.Module) -> list[ast.AST]:
     return found
 
 
-def _tables_assigned(node: ast.AST) -> list[tuple[str, bool]]:
+def _tables_assigned(node: ast.stmt) -> list[tuple[str, bool]]:
     """``(table, rebinds)`` for each table a statement assigns, changes or deletes.
 
     ``rebinds`` is True when the whole name is bound (``CHECKPOINTS = ...``) and
@@ -386,19 +391,21 @@ def _check_tables_not_changed(env: EnvFile, tree: ast.Module, problem: Report) -
             problem(line, message, fix)
 
     for node in _module_level_statements(tree):
-        for name, rebinds in _tables_assigned(node):
-            if rebinds and id(node) in top_level:
-                continue  # the one literal definition, read by _read_module
-            if rebinds:
-                message = f"{name} is defined inside a block (if/try/for/with)"
-            else:
-                message = f"{name} is changed after its top-level literal"
-            report(
-                name,
-                node.lineno,
-                message,
-                f"put every entry in the one top-level {name} = ... literal",
-            )
+        # Only statements (assignment, augmented assignment, del) change a table.
+        if isinstance(node, ast.stmt):
+            for name, rebinds in _tables_assigned(node):
+                if rebinds and id(node) in top_level:
+                    continue  # the one literal definition, read by _read_module
+                if rebinds:
+                    message = f"{name} is defined inside a block (if/try/for/with)"
+                else:
+                    message = f"{name} is changed after its top-level literal"
+                report(
+                    name,
+                    node.lineno,
+                    message,
+                    f"put every entry in the one top-level {name} = ... literal",
+                )
         if (
             isinstance(node, ast.Call)
             and isinstance(node.func, ast.Attribute)

@@ -21,6 +21,7 @@ import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar, overload
 
 from rootstock.errors import (
     AmbiguousCheckpoint,
@@ -43,6 +44,7 @@ from rootstock.install.layout import InstallLayout
 from rootstock.install.parsing import loads_json
 
 ENV_METADATA = "rootstock-env.json"
+_E = TypeVar("_E", bound=UsageError)
 
 
 @dataclass(frozen=True)
@@ -143,10 +145,10 @@ def load_installed_env(layout: InstallLayout, name: str) -> EnvFile:
             f"no env named {name!r} is installed in {layout.root}",
             hint=f"install it with `rootstock install environments/{name}.py`",
         )
-    env, broken = _parse_built(path, name)
-    if broken is not None:
-        raise broken.error()
-    return env
+    parsed = _parse_built(path, name)
+    if isinstance(parsed, BrokenEnv):
+        raise parsed.error()
+    return parsed
 
 
 def scan_installed_envs(layout: InstallLayout) -> InstalledEnvs:
@@ -154,10 +156,11 @@ def scan_installed_envs(layout: InstallLayout) -> InstalledEnvs:
     found = InstalledEnvs()
     recorded: dict | None = None
     for name in installed_env_names(layout):
-        env, broken = _parse_built(layout.env_source(name), name)
-        if broken is None:
-            found.envs.append(env)
+        parsed = _parse_built(layout.env_source(name), name)
+        if isinstance(parsed, EnvFile):
+            found.envs.append(parsed)
             continue
+        broken = parsed
         if recorded is None:
             recorded = _recorded_checkpoints(layout)
         entries = recorded.get(name) or {}
@@ -180,19 +183,19 @@ def load_installed_envs(layout: InstallLayout) -> tuple[list[EnvFile], list[str]
     return found.envs, found.warnings
 
 
-def _parse_built(path: Path, name: str) -> tuple[EnvFile | None, BrokenEnv | None]:
+def _parse_built(path: Path, name: str) -> EnvFile | BrokenEnv:
     """Parse a built ``env_source.py``: the env, or why it is broken."""
     try:
         env, problems = parse_env_file(path, name)
     except EnvFileError as exc:
-        return None, BrokenEnv(name, path, 1, exc.message)
+        return BrokenEnv(name, path, 1, exc.message)
     except ValueError as exc:  # a NUL byte, which some Pythons' parser refuses this way
-        return None, BrokenEnv(name, path, 1, f"syntax error: {exc}")
+        return BrokenEnv(name, path, 1, f"syntax error: {exc}")
     fatal = _fatal_problem(env, problems)
     if fatal is None:
-        return env, None
+        return env
     line, reason = fatal
-    return None, BrokenEnv(name, path, line, reason)
+    return BrokenEnv(name, path, line, reason)
 
 
 def _fatal_problem(env: EnvFile, problems: list[LintProblem]) -> tuple[int, str] | None:
@@ -245,11 +248,30 @@ def _recorded_checkpoints(layout: InstallLayout) -> dict[str, dict]:
 
 def envs_on_cluster(envs: list[EnvFile], cluster: str | None) -> list[EnvFile]:
     """The envs that apply on ``cluster``: universal ones plus its variants."""
-    return [e for e in envs if not e.is_variant or (cluster and cluster.lower() in e.clusters)]
+    return [
+        e for e in envs if not e.is_variant or (cluster and cluster.lower() in (e.clusters or []))
+    ]
+
+
+@overload
+def unknown_name(
+    kind: str, name: str, known: Iterable[str], where: str, hint: str
+) -> UsageError: ...
+
+
+@overload
+def unknown_name(
+    kind: str, name: str, known: Iterable[str], where: str, hint: str, error: type[_E]
+) -> _E: ...
 
 
 def unknown_name(
-    kind: str, name: str, known: Iterable[str], where: str, hint: str, error=UsageError
+    kind: str,
+    name: str,
+    known: Iterable[str],
+    where: str,
+    hint: str,
+    error: type[UsageError] = UsageError,
 ) -> UsageError:
     """The one rule for a name typed on a command line that nothing here knows.
 
@@ -319,7 +341,8 @@ def resolve_checkpoint(
     chosen: EnvFile | None = None
     if cluster_key:
         matching = [e for e in variants if cluster_key in (e.clusters or [])]
-        chosen = (matching or universal or [None])[0]
+        candidates = matching or universal
+        chosen = candidates[0] if candidates else None
     elif universal:
         chosen = universal[0]
     elif variants:

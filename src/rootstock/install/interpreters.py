@@ -104,7 +104,7 @@ def local_interpreters() -> list[Interpreter]:
     candidates: list[str] = []
     for directory in ("/usr/bin", "/usr/local/bin"):
         candidates += [os.path.join(directory, n) for n in names]
-    candidates += [found for n in names if (found := shutil.which(n))]
+    candidates += [path for n in names if (path := shutil.which(n))]
     candidates.append(getattr(sys, "_base_executable", sys.executable))
     seen: set[str] = set()
     found: list[Interpreter] = []
@@ -142,9 +142,8 @@ def choose_interpreter(
     if explicit:
         interp = _explicit(explicit, spec)
     else:
-        interp = _managed(layout, requires_python, notes, verbose)
-        if interp is None:
-            interp = _local(spec, requires_python, origin, notes)
+        managed = _managed(layout, requires_python, notes, verbose)
+        interp = managed if managed is not None else _local(spec, requires_python, origin, notes)
     if not interp.world_usable:
         notes.append(
             f"warning: {interp.path} is not executable by other users (a private home "

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 if __name__ == "__main__" and not __package__:
     # Run by path under -I (supervisor_command): import the rootstock this file is part of.
@@ -135,7 +136,7 @@ class _Supervisor:
         self.pending: list[int] = []
         self._ending = threading.Lock()
 
-    def forward(self, signum: int, _frame=None) -> None:
+    def forward(self, signum: int, _frame: FrameType | None = None) -> None:
         if self.pgid is None:
             # Arrived before CMD exists: replayed as soon as it does.
             self.pending.append(signum)
@@ -169,8 +170,8 @@ def supervise(lifeline_fd: int, cmd: Sequence[str]) -> int:
         print(f"rootstock supervisor: cannot run {cmd[0]}: {exc}", file=sys.stderr)
         return 127
     state.pgid = child.pid
-    for signum in state.pending:
-        state.forward(signum)
+    for pending in state.pending:
+        state.forward(pending)
     # Watched only now: a lifeline already at EOF must find a group to end.
     watch_lifeline(lifeline_fd, state.lifeline_lost)
     code = child.wait()
@@ -245,6 +246,8 @@ def run_supervised(
         lifeline.close()
         raise
     lifeline.child_started()
+    out: str | None
+    err: str | None
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -37,7 +37,9 @@ function checks a :class:`~rootstock.runtime.calculator.RootstockCalculator` in
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -182,7 +184,7 @@ def check_consistency(
     positions = atoms.get_positions()
     calls = [0]
 
-    def central(move) -> float:
+    def central(move: Callable[[float], object]) -> float:
         return _difference(work, h, move, e0, calls)
 
     model_f, fd_f = [], []
@@ -190,7 +192,7 @@ def check_consistency(
         u = rng.standard_normal(positions.shape)
         u /= np.linalg.norm(u)
         model_f.append(-float(np.sum(forces * u)))
-        fd_f.append(central(lambda s, u=u: work.set_positions(positions + s * u)))
+        fd_f.append(central(partial(_displace, work, positions, u)))
     work.set_positions(positions)
     checks = {
         "forces": _judge("forces", modes.get("forces", GRADIENT), energy_mode, rule, model_f, fd_f)
@@ -206,7 +208,7 @@ def check_consistency(
             strain = (strain + strain.T) / 2
             strain /= np.linalg.norm(strain)
             model_s.append(volume * float(np.sum(stress * strain)))
-            fd_s.append(central(lambda s, e=strain: _strain(work, cell, positions, s, e)))
+            fd_s.append(central(partial(_strain, work, cell, positions, eps=strain)))
         checks["stress"] = _judge("stress", stress_mode, energy_mode, rule, model_s, fd_s)
     else:
         checks["stress"] = QuantityCheck(
@@ -215,7 +217,9 @@ def check_consistency(
     return ConsistencyReport(rule, h, checks, energy_mode, dtype, calls[0])
 
 
-def _difference(atoms: Any, h: float, move, e0: float | None, calls: list[int]) -> float:
+def _difference(
+    atoms: Any, h: float, move: Callable[[float], object], e0: float | None, calls: list[int]
+) -> float:
     """The derivative of the energy along ``move``: central, or jump-aware given ``e0``."""
 
     def energy(step: float) -> float:
@@ -245,7 +249,11 @@ def _agree(a: float, b: float) -> bool:
     return abs(a - b) <= JUMP_DISAGREEMENT * max(abs(a), abs(b))
 
 
-def _strain(atoms: Any, cell: np.ndarray, positions: np.ndarray, s: float, eps: np.ndarray):
+def _displace(atoms: Any, positions: np.ndarray, u: np.ndarray, s: float) -> None:
+    atoms.set_positions(positions + s * u)
+
+
+def _strain(atoms: Any, cell: np.ndarray, positions: np.ndarray, s: float, eps: np.ndarray) -> None:
     deformation = np.eye(3) + s * eps
     atoms.set_cell(cell @ deformation, scale_atoms=False)
     atoms.set_positions(positions @ deformation)

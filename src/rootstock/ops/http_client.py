@@ -41,7 +41,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import IO, TYPE_CHECKING, Any, NamedTuple
 
 from rootstock.errors import ConfigError
 from rootstock.install.parsing import loads_json
@@ -237,12 +237,28 @@ def _bounded_attempt(
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     """Turns every redirect into an HTTPError carrying the 3xx, so none is followed."""
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # type: ignore[override]
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: http.client.HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
         """Follow nothing: the 3xx reaches the caller as an ``HTTPError``."""
         return None
 
 
-class _EarlyAnswerMixin:
+if TYPE_CHECKING:
+    # Checked as the connection it is mixed into; at runtime a plain mixin, so the
+    # MRO of each connection class below stays what http.client expects.
+    _MixinBase = http.client.HTTPConnection
+else:
+    _MixinBase = object
+
+
+class _EarlyAnswerMixin(_MixinBase):
     """An HTTP connection that sends in pieces and stops once the server has answered.
 
     A server may answer before reading the body (the dashboard does for a bad key
@@ -263,7 +279,7 @@ class _EarlyAnswerMixin:
         if self._answered_early:
             return
         if not isinstance(data, bytes | bytearray | memoryview):
-            super().send(data)  # type: ignore[misc]
+            super().send(data)
             return
         view = memoryview(data)
         for start in range(0, max(len(view), 1), SEND_PIECE_BYTES):
@@ -271,7 +287,7 @@ class _EarlyAnswerMixin:
                 self._answered_early = True
                 return
             try:
-                super().send(view[start : start + SEND_PIECE_BYTES])  # type: ignore[misc]
+                super().send(view[start : start + SEND_PIECE_BYTES])
             except (BrokenPipeError, ConnectionResetError):
                 # Closed while we sent: getresponse() reads its answer if it gave one,
                 # and reports the failure if it did not.
@@ -299,7 +315,7 @@ class _EarlyAnswerHTTPSConnection(_EarlyAnswerMixin, http.client.HTTPSConnection
 class _EarlyAnswerHTTPHandler(urllib.request.HTTPHandler):
     """urllib's HTTP handler on :class:`_EarlyAnswerHTTPConnection`."""
 
-    def http_open(self, req):  # type: ignore[override]
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         """Open ``req`` on a connection that reads an early answer."""
         return self.do_open(_EarlyAnswerHTTPConnection, req)
 
@@ -307,9 +323,10 @@ class _EarlyAnswerHTTPHandler(urllib.request.HTTPHandler):
 class _EarlyAnswerHTTPSHandler(urllib.request.HTTPSHandler):
     """urllib's HTTPS handler on :class:`_EarlyAnswerHTTPSConnection`."""
 
-    def https_open(self, req):  # type: ignore[override]
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         """Open ``req`` on a connection that reads an early answer (default TLS context)."""
-        return self.do_open(_EarlyAnswerHTTPSConnection, req, context=self._context)
+        context = self._context  # type: ignore[attr-defined]  # set by HTTPSHandler.__init__; typeshed omits it
+        return self.do_open(_EarlyAnswerHTTPSConnection, req, context=context)
 
 
 _OPENER = urllib.request.build_opener(
