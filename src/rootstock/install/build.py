@@ -36,7 +36,7 @@ from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
 from rootstock.install.parsing import loads_json
 from rootstock.install.supervise import process_alive, process_start_time, run_supervised
-from rootstock.install.uv import run_uv, uv_binary, uv_environment
+from rootstock.install.uv import run_uv, uv_environment, uv_version
 from rootstock.install.vendor import vendor_wheel
 
 _PEP723_BLOCK = re.compile(r"(?m)^# /// script$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
@@ -53,7 +53,7 @@ _VERSIONS_PROBE = (
     " 'ase': v('ase'), 'numpy': v('numpy'), 'rootstock': v('rootstock')}))\n"
 )
 # uv will not combine these with a pylock.toml; the lock already holds the constraints.
-_REFUSED_WITH_PYLOCK = ("UV_CONSTRAINT", "UV_OVERRIDE")
+_REFUSED_WITH_PYLOCK: tuple[str, ...] = ("UV_CONSTRAINT", "UV_OVERRIDE")
 #: ``.build/<env>.<build-id>`` is the staging venv; these name its companions.
 OWNER_SUFFIX = ".owner.json"
 WORK_SUFFIX = ".work"
@@ -181,7 +181,7 @@ def _dump_table(path: list[str], table: dict) -> list[str]:
     return lines
 
 
-def _toml_value(value) -> str:
+def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -238,7 +238,17 @@ def build_env(
     return result
 
 
-def _build_into(layout, env, interpreter, options, previous_lock, step, staging, work, build_id):
+def _build_into(
+    layout: InstallLayout,
+    env: EnvFile,
+    interpreter: Interpreter,
+    options: BuildOptions,
+    previous_lock: str | None,
+    step: Reporter,
+    staging: Path,
+    work: Path,
+    build_id: str,
+) -> BuildResult:
     warnings: list[str] = []
     constraints = collect_constraints(options)
     script = work / f"{env.name}.py"
@@ -279,7 +289,7 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
             verbose=options.verbose,
         )
         lock_text = lock_path.read_text()
-        install_args = ["--no-deps", "-r", pylock]
+        install_args: list[str | Path] = ["--no-deps", "-r", pylock]
         # uv refuses constraints or overrides next to a pylock.toml; the constraints
         # are already in the lock (see collect_constraints).
         unset_env = _REFUSED_WITH_PYLOCK
@@ -304,7 +314,7 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
         verbose=options.verbose,
     )
     wheel = vendor_wheel(layout.wheels_dir)
-    env_python = ["--python", staging / "bin" / "python"]
+    env_python: list[str | Path] = ["--python", staging / "bin" / "python"]
     step("installing packages and compiling bytecode")
     # uv takes no other requirement next to a pylock.toml, so the vendored wheel
     # goes in first on its own; the second call's --compile-bytecode compiles the
@@ -337,7 +347,7 @@ def _build_into(layout, env, interpreter, options, previous_lock, step, staging,
         "lock_hash": source_hash(lock_text) if lock_text is not None else None,
         "interpreter": interpreter.to_dict(),
         "versions": versions,
-        "uv": _uv_version(),
+        "uv": uv_version(layout),
         "locked": lock_text is not None,
     }
     atomic_write_json(staging / ENV_METADATA, metadata)
@@ -368,13 +378,6 @@ def _probe_versions(layout: InstallLayout, staging: Path, name: str) -> dict:
             output,
             hint="the env must provide numpy and ase (add them to the env file's dependencies)",
         ) from None
-
-
-def _uv_version() -> str | None:
-    try:
-        return run_supervised([uv_binary(), "--version"], timeout=30).stdout.split()[1]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return None
 
 
 def _owner_record(name: str) -> dict:

@@ -116,3 +116,23 @@ def run_uv(
             hint="re-run with -v to see uv's full output",
         )
     return output
+
+
+def uv_version(layout: InstallLayout) -> str | None:
+    """The version of the uv that builds run (``"0.9.5"``), or None if it cannot say.
+
+    Asked through :func:`run_uv`, so ``uv --version`` runs like every build step:
+    the same binary, the scrubbed environment (no active venv, no ``UV_PYTHON``), the
+    root's uv cache and HOME, under the supervisor. The version goes into each env's
+    metadata; a uv that cannot report it must not fail the build it finished.
+    """
+    try:
+        output = run_uv(layout, ["--version"], what="reporting its version", timeout=30)
+    except (BuildError, OSError):
+        return None
+    # stdout and stderr arrive merged: take the "uv X.Y.Z (...)" line, not a warning.
+    for line in output.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "uv":
+            return words[1]
+    return None
