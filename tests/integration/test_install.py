@@ -11,12 +11,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 import textwrap
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from rootstock.install.uv import uv_binary
 from tests.conftest import ENVIRONMENTS, ROOTSTOCK, run_rootstock
 
 pytestmark = pytest.mark.timeout(900)
@@ -100,6 +101,14 @@ def test_env_holds_no_client_dependencies(emt_root: Path):
         "click": False,
         "uv": False,
     }
+
+
+def test_env_metadata_records_the_uv_that_built_it(emt_root: Path):
+    meta = json.loads((emt_root / "envs" / "emt" / "rootstock-env.json").read_text())
+    direct = subprocess.run(
+        [uv_binary(), "--version"], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert meta["uv"] == direct.stdout.split()[1]
 
 
 def test_env_ships_and_uses_bytecode(emt_root: Path):
@@ -287,11 +296,46 @@ def test_install_rejects_unknown_name(scratch_root: Path):
     assert "env file nosuchenv.py does not exist" in missing.stderr
 
 
+STATUS_KEYS = {"root", "cache_root", "clusters", "envs", "warnings"}
+ENV_ROW_KEYS = {
+    "name",
+    "state",
+    "error",
+    "python",
+    "torch",
+    "built_at",
+    "interpreter",
+    "clusters",
+    "hotfixed",
+    "checkpoints",
+}
+
+
 def test_status_json_shape(emt_root: Path):
     doc = json.loads(run_rootstock("status", "--root", emt_root, "--json", "--sizes").stdout)
+    # docs/cli.md: the five keys, plus the cache sizes that --sizes adds
+    assert set(doc) == STATUS_KEYS | {"cache_size_bytes"}
+    assert doc["root"] == str(emt_root)
+    assert doc["cache_root"] == str(emt_root)  # make_root declares no separate cache
+    assert doc["warnings"] == []
+    sizes = doc["cache_size_bytes"]
+    assert set(sizes) == {"cache", "home"}
+    assert all(type(sizes[k]) is int and sizes[k] >= 0 for k in sizes), sizes
     assert doc["clusters"] == ["testbox"]
+    for row in doc["envs"]:
+        assert set(row) == ENV_ROW_KEYS | {"size_bytes"}, row["name"]
+        assert isinstance(row["name"], str) and isinstance(row["state"], str)
+        assert type(row["hotfixed"]) is bool
+        assert isinstance(row["checkpoints"], list)
+        for key in ("error", "python", "torch", "built_at", "interpreter"):
+            assert row[key] is None or isinstance(row[key], str), (row["name"], key)
+        assert row["clusters"] is None or all(isinstance(c, str) for c in row["clusters"])
     (env,) = [e for e in doc["envs"] if e["name"] == "emt"]
     assert env["state"] == "built" and env["python"] and env["size_bytes"] > 1_000_000
+    assert re.fullmatch(r"\d+\.\d+\.\d+", env["python"]), env["python"]
+    assert (env["error"], env["hotfixed"]) == (None, False)
+    assert Path(env["interpreter"]).is_absolute()
+    assert datetime.fromisoformat(env["built_at"]).tzinfo is not None
     assert env["checkpoints"] == [
         {
             "id": "emt",
@@ -311,4 +355,3 @@ def test_status_json_shape(emt_root: Path):
             },
         }
     ]
-    assert sys.executable  # the suite's own interpreter ran the CLI

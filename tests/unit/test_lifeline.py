@@ -1,15 +1,14 @@
 """The lifeline itself: EOF reaches the watcher when, and only when, the starter lets go.
 
 The read end is watched in this very process (a dup of it, as a child would hold
-it), so these tests start no subprocess; one forks, to show a forked copy of the
-starter does not keep a child alive.
+it), so these tests start no subprocess. The one that forks, to show a forked copy
+of the starter does not keep a child alive, is in tests/integration/test_lifeline_fork.py.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 
 import pytest
 
@@ -71,24 +70,6 @@ def test_the_watched_fd_is_not_inherited_by_grandchildren():
         assert not os.get_inheritable(read_end)
     finally:
         lifeline.close()
-        os.close(read_end)
-
-
-def test_a_forked_copy_of_the_starter_does_not_hold_the_lifeline():
-    # multiprocessing's fork start method, or a user's os.fork(): the copy must not
-    # keep the starter's workers alive once the starter itself is gone.
-    lifeline = Lifeline()
-    lost, read_end = watched(lifeline)
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the forked child
-        time.sleep(10)
-        os._exit(0)
-    try:
-        lifeline.close()
-        assert lost.wait(5), "the forked child kept the write end open"
-    finally:
-        os.kill(child, 9)
-        os.waitpid(child, 0)
         os.close(read_end)
 
 
