@@ -9,14 +9,14 @@ from rootstock.cli.options import CLUSTER, directory
 
 
 @click.group()
-def manifest():
+def manifest() -> None:
     """Show, initialise or push the install's manifest.json."""
 
 
 @manifest.command()
 @root_options
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
-def show(root, cluster, cache_root, as_json):
+def show(root: str | None, cluster: str | None, cache_root: str | None, as_json: bool) -> None:
     """Show the manifest (human-readable, or the full JSON)."""
     from rootstock.install.manifest import load_manifest, served_clusters
 
@@ -60,7 +60,14 @@ def show(root, cluster, cache_root, as_json):
 )
 @click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
-def init_manifest(root, cache_root, clusters, force, no_push, as_json):
+def init_manifest(
+    root: str | None,
+    cache_root: str | None,
+    clusters: tuple[str, ...],
+    force: bool,
+    no_push: bool,
+    as_json: bool,
+) -> None:
     """Create the manifest, or add clusters to it (registry siblings are added too)."""
     from rootstock.install.manifest import ensure_manifest
 
@@ -82,7 +89,7 @@ def init_manifest(root, cache_root, clusters, force, no_push, as_json):
 @manifest.command("push")
 @root_options
 @click.option("--json", "as_json", is_flag=True, help="Print each cluster's outcome as JSON.")
-def push(root, cluster, cache_root, as_json):
+def push(root: str | None, cluster: str | None, cache_root: str | None, as_json: bool) -> None:
     """Push the manifest to the dashboard: one view per cluster this install serves.
 
     With --cluster, only that cluster's. Uses api_url, api_key and api_secret from

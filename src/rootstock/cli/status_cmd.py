@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from rootstock.cli.common import console, emit_json, layout_from, root_options, table, warn
@@ -25,7 +27,7 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f}s ago"
 
 
-def _size(n: int | None) -> str:
+def _size(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -35,7 +37,7 @@ def _size(n: int | None) -> str:
     return str(n)
 
 
-def describe_state(state: dict) -> str:
+def describe_state(state: dict[str, Any]) -> str:
     """One cell of the grid: the state, its device and age, or the failure reason."""
     text = state["state"]
     if text in ("verified", "drifted", "stale", "failed") and state.get("device"):
@@ -50,7 +52,9 @@ def describe_state(state: dict) -> str:
 @root_options
 @click.option("--sizes", is_flag=True, help="Also measure env and cache sizes (slow on Lustre).")
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
-def status(root, cluster, cache_root, sizes, as_json):
+def status(
+    root: str | None, cluster: str | None, cache_root: str | None, sizes: bool, as_json: bool
+) -> None:
     """Show envs, their build state, and every checkpoint's state per cluster."""
     from rootstock.ops.status import status as run_status
 

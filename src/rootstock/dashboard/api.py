@@ -111,11 +111,12 @@ def put_manifest(
     cluster: str, body: ManifestIn, request: Request, session: SessionDep
 ) -> JSONResponse:
     """Store one cluster's view of an install manifest as its current state."""
-    if cluster not in body.clusters:
+    if cluster not in body["clusters"]:
         raise unprocessable(
             ["body", "clusters"], f"the manifest's clusters do not include {cluster!r}"
         )
-    manifest = body.model_dump(exclude_unset=True)
+    # Validated into a fresh dict holding only the keys that were sent.
+    manifest = body
     begin_write(session)
     target = _writable_cluster(session, cluster)
     try:

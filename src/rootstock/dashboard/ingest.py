@@ -24,10 +24,11 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Mapping
 from datetime import UTC
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import Insert, Table, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from rootstock.dashboard.models import (
@@ -42,7 +43,7 @@ from rootstock.dashboard.models import (
     utc_now,
 )
 from rootstock.dashboard.retention import DEFAULT_KEEP_BODIES, checked_keep_bodies
-from rootstock.install.manifest import checkpoint_state, parse_time
+from rootstock.install.manifest import Checks, Manifest, checkpoint_state, parse_time
 
 SHORT = 20  # state and device-kind columns
 ENV_FIELDS = ("build_id", "source_hash", "built_at", "python", "torch", "rootstock")
@@ -55,7 +56,7 @@ class ManifestShapeError(ValueError):
 def store_push(
     session: Session,
     cluster: Cluster,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     api_key_id: int | None,
     body: str | None = None,
     keep_bodies: int = DEFAULT_KEEP_BODIES,
@@ -76,7 +77,7 @@ def store_push(
     name = cluster.name.strip().lower()
     _lock_cluster(session, cluster)
 
-    envs: dict[str, dict[str, Any]] = manifest.get("envs") or {}
+    envs = manifest.get("envs") or {}
     push = ManifestPush(
         cluster_id=cluster.id,
         api_key_id=api_key_id,
@@ -96,9 +97,9 @@ def store_push(
     connection.execute(delete(ClusterEnv).where(ClusterEnv.cluster_id == cluster.id))
     connection.execute(delete(CoverageCell).where(CoverageCell.cluster_id == cluster.id))
     if env_rows:
-        connection.execute(insert(ClusterEnv.__table__), env_rows)
+        connection.execute(insert(_table(ClusterEnv)), env_rows)
     if cell_rows:
-        connection.execute(insert(CoverageCell.__table__), cell_rows)
+        connection.execute(insert(_table(CoverageCell)), cell_rows)
     _insert_new_events(session, cluster.id, event_rows)
 
     cluster.last_push_id = push.id
@@ -169,9 +170,14 @@ def store_usage(session: Session, cluster: Cluster, counts: list[dict[str, Any]]
                 UsageCount.cluster_id == cluster.id, UsageCount.month.in_(months)
             )
         )
-        session.connection().execute(insert(UsageCount.__table__), list(rows.values()))
+        session.connection().execute(insert(_table(UsageCount)), list(rows.values()))
     session.flush()
     return len(rows)
+
+
+def _table(model: type[Any]) -> Table:
+    """The Table a declarative model maps (typed as any FromClause by SQLAlchemy)."""
+    return cast(Table, model.__table__)
 
 
 def _lock_cluster(session: Session, cluster: Cluster) -> None:
@@ -279,7 +285,7 @@ def _check_name(name: str, limit: int, path: tuple[str, ...], what: str) -> None
         raise ManifestShapeError(f"{_where(path)}: {what} are 1-{limit} characters")
 
 
-def _check_text(obj: dict, fields: dict[str, int | None], path: tuple[str, ...]) -> None:
+def _check_text(obj: dict, fields: Mapping[str, int | None], path: tuple[str, ...]) -> None:
     for field, limit in fields.items():
         value = obj.get(field)
         if value is None or (isinstance(value, str) and (limit is None or len(value) <= limit)):
@@ -301,7 +307,7 @@ def _check_times(obj: dict, fields: tuple[str, ...], path: tuple[str, ...]) -> N
 
 
 def _rows_from_manifest(
-    manifest: dict[str, Any], cluster: str, cluster_id: int, push_id: int
+    manifest: Manifest, cluster: str, cluster_id: int, push_id: int
 ) -> tuple[list[dict], list[dict], list[dict]]:
     """The env, cell and verification-event rows one push describes, times in UTC.
 
@@ -357,7 +363,7 @@ def _rows_from_manifest(
     return env_rows, cell_rows, list(events.values())
 
 
-def _energy(fingerprint: dict[str, Any] | None) -> float | None:
+def _energy(fingerprint: Mapping[str, Any] | None) -> float | None:
     value = (fingerprint or {}).get("energy_per_atom")
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -365,7 +371,7 @@ def _energy(fingerprint: dict[str, Any] | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _checks_text(checks: dict[str, Any] | None) -> str | None:
+def _checks_text(checks: Checks | None) -> str | None:
     """A record's physics checks as the compact JSON text the history column keeps."""
     if not isinstance(checks, dict):
         return None
@@ -380,10 +386,13 @@ def _insert_new_events(session: Session, cluster_id: int, rows: list[dict]) -> N
     if dialect in ("sqlite", "postgresql"):
         # ON CONFLICT DO NOTHING also settles a race between two pushes of one record.
         if dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert as upsert
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            statement: Insert = sqlite_insert(_table(VerificationEvent)).on_conflict_do_nothing()
         else:
-            from sqlalchemy.dialects.postgresql import insert as upsert
-        statement = upsert(VerificationEvent.__table__).on_conflict_do_nothing()
+            from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+            statement = postgresql_insert(_table(VerificationEvent)).on_conflict_do_nothing()
         session.connection().execute(statement, rows)
         return
     columns = (
@@ -396,7 +405,7 @@ def _insert_new_events(session: Session, cluster_id: int, rows: list[dict]) -> N
     stored = {tuple(row) for row in session.execute(query)}
     fresh = [r for r in rows if _event_key(r) not in stored]
     if fresh:
-        session.connection().execute(insert(VerificationEvent.__table__), fresh)
+        session.connection().execute(insert(_table(VerificationEvent)), fresh)
 
 
 def _event_key(row: dict[str, Any]) -> tuple[str, str, str, str]:

@@ -1,27 +1,46 @@
 """Request and response models of the JSON API (the OpenAPI schema is built from them).
 
-Request models check what the dashboard stores; a manifest keeps every key it
-does not know (``extra="allow"``), a usage report accepts nothing but counts
-(``extra="forbid"``), so user hashes or raw records can never reach the server.
+Request models check what the dashboard stores. A manifest push is validated
+against the manifest's own record types (:mod:`rootstock.install.manifest.types`)
+through pydantic, and keeps every key it does not know (``extra="allow"``); a usage
+report accepts nothing but counts (``extra="forbid"``), so user hashes or raw
+records can never reach the server.
 """
 
 from __future__ import annotations
 
 import math
 from datetime import UTC
-from typing import Annotated, Any, Literal
+from types import GenericAlias, UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, Union, get_args, get_origin
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
+    TypeAdapter,
     model_validator,
 )
+from typing_extensions import TypedDict, get_type_hints, is_typeddict
 
 from rootstock.dashboard.models import NAME, TIME
-from rootstock.install.manifest import DISPLAY_STATES, MANIFEST_VERSION, parse_time
+from rootstock.install.manifest import (
+    DISPLAY_STATES,
+    MANIFEST_VERSION,
+    BuildRef,
+    CheckpointRecord,
+    Checks,
+    EnvRecord,
+    Fingerprint,
+    Manifest,
+    QuantityCheck,
+    Reference,
+    Verification,
+    parse_time,
+)
 from rootstock.names import CLUSTER_NAME_PATTERN
 
 INT32 = 2**31 - 1  # the Integer columns' range on PostgreSQL
@@ -97,82 +116,171 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
-class _Open(BaseModel):
-    """An object that keeps keys the dashboard does not know.
+# What a manifest push is validated against: the manifest's own record types
+# (rootstock.install.manifest.types, which the core checks on every read), rebuilt
+# here as pydantic-ready TypedDicts. The core must not import pydantic, and on Python
+# 3.11 pydantic needs typing_extensions' TypedDict and reads its config from the
+# class, so each record type is derived once, at import, with:
+#
+# * the same fields and required keys as the core type, nested record types
+#   swapped for their derived ones;
+# * ``extra="allow"``: unknown keys are kept at every level, as the core keeps them;
+# * ``strict=True``: a value is accepted as sent or refused, never converted ("1" is
+#   not an integer), so the body kept as history says exactly what was stored;
+# * the dashboard's own limits on the fields it stores in columns (the ``limits``
+#   each call below passes): lengths, sane times, cluster-name keys. These keep the
+#   looser types these fields had before the records were shared (any short
+#   ``state``, a null ``mode``, no ``envs``), so no push accepted before is refused
+#   for those fields.
+OPEN_RECORD = ConfigDict(extra="allow", strict=True)
+_DERIVED: dict[type, Any] = {}
+# The functional TypedDict form, untyped: the names and fields are only known at runtime.
+_make_typed_dict: Any = TypedDict
 
-    Strict: a value is accepted as sent or refused, never converted ("1" is not an
-    integer), so the body kept as history says exactly what was stored.
+
+def _swap(hint: Any) -> Any:
+    """``hint`` with every core record type in it replaced by its derived one."""
+    if isinstance(hint, type) and is_typeddict(hint):
+        if hint not in _DERIVED:
+            raise TypeError(f"derive {hint.__name__} before a record that holds it")
+        return _DERIVED[hint]
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        return Union[tuple(_swap(arg) for arg in args)]  # noqa: UP007  # built from a tuple
+    if origin in (dict, list):
+        return GenericAlias(origin, tuple(_swap(arg) for arg in args))
+    return hint
+
+
+def _keyed(key: Any, value: Any) -> Any:
+    """``dict[key, value]`` for types built at runtime (which a type checker cannot read)."""
+    return GenericAlias(dict, (key, value))
+
+
+def derive_record(core: type, name: str, limits: dict[str, Any] | None = None) -> Any:
+    """A pydantic-ready copy of the core TypedDict ``core``, named ``name``.
+
+    ``limits`` replaces a field's type (wrap it in ``NotRequired`` for an optional
+    key); every other field keeps the core's type and required-ness.
     """
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class BuildRef(_Open):
-    """The build a verification ran against."""
-
-    build_id: Text | None = None
-    source_hash: Text | None = None
-    built_at: Time | None = None
-    lock_hash: Text | None = None
-
-
-class Fingerprint(_Open):
-    """The numbers a verification measured (only the energy is stored in its own column)."""
-
-    energy_per_atom: float | None = None
-
-
-class QuantityCheck(_Open):
-    """How one quantity (forces, stress) compared with the energy's derivative."""
-
-    mode: Short | None = None
-    ok: bool | None = None
-    ratio: float | None = None
-    cosine: float | None = None
-    norm_ratio: float | None = None
-    message: str | None = None
+    limits = limits or {}
+    hints = get_type_hints(core)
+    unknown = set(limits) - set(hints)
+    if unknown:
+        raise TypeError(f"{core.__name__} has no fields {sorted(unknown)}")
+    required: frozenset[str] = getattr(core, "__required_keys__", frozenset())
+    fields: dict[str, Any] = {}
+    for key, hint in hints.items():
+        if key in limits:
+            fields[key] = limits[key]
+        else:
+            swapped = _swap(hint)
+            fields[key] = swapped if key in required else NotRequired[swapped]
+    derived = _make_typed_dict(name, fields)
+    derived.__doc__ = core.__doc__
+    derived.__pydantic_config__ = OPEN_RECORD
+    _DERIVED[core] = derived
+    return derived
 
 
-class VerificationChecks(_Open):
-    """A verification's physics checks (docs/manifest.md, "Physics checks")."""
+_Text = NotRequired[Text | None]
+_Time = NotRequired[Time | None]
+_Short = NotRequired[Short | None]
+_Number = NotRequired[float | None]
 
-    ok: bool | None = None
-    dtype: Short | None = None
-    energy: Short | None = None
-    forces: QuantityCheck | None = None
-    stress: QuantityCheck | None = None
+BuildRefIn = derive_record(
+    BuildRef,
+    "BuildRef",
+    {"build_id": _Text, "source_hash": _Text, "built_at": _Time, "lock_hash": _Text},
+)
+FingerprintIn = derive_record(Fingerprint, "Fingerprint")
+QuantityCheckIn = derive_record(
+    QuantityCheck,
+    "QuantityCheck",
+    {
+        "mode": _Short,
+        "ok": NotRequired[bool | None],
+        "ratio": _Number,
+        "cosine": _Number,
+        "norm_ratio": _Number,
+    },
+)
+ChecksIn = derive_record(
+    Checks,
+    "VerificationChecks",
+    {
+        "ok": NotRequired[bool | None],
+        "dtype": _Short,
+        "energy": _Short,
+        "forces": NotRequired[QuantityCheckIn | None],
+        "stress": NotRequired[QuantityCheckIn | None],
+    },
+)
+ReferenceIn = derive_record(Reference, "Reference")
+VerificationIn = derive_record(
+    Verification,
+    "VerificationRecord",
+    {
+        "state": _Short,
+        "at": _Time,
+        "device": _Text,
+        "device_kind": _Short,
+        "fingerprint": NotRequired[FingerprintIn | None],
+        "checks": NotRequired[ChecksIn | None],
+        "build": NotRequired[BuildRefIn | None],
+    },
+)
+CheckpointIn = derive_record(
+    CheckpointRecord,
+    "CheckpointEntry",
+    {
+        "fetched_at": _Time,
+        "verifications": NotRequired[_keyed(ClusterName, _keyed(Short, VerificationIn))],
+    },
+)
+EnvIn = derive_record(
+    EnvRecord,
+    "EnvEntry",
+    {
+        "build_id": _Text,
+        "source_hash": _Text,
+        "built_at": _Time,
+        "python": _Text,
+        "torch": _Text,
+        "rootstock": _Text,
+        "checkpoints": NotRequired[_keyed(Name, CheckpointIn)],
+    },
+)
+ManifestRecord = derive_record(
+    Manifest,
+    "ManifestIn",
+    {
+        "schema_version": Annotated[int, Field(ge=1, le=MANIFEST_VERSION)],
+        "clusters": Annotated[list[ClusterName], Field(min_length=1, max_length=1000)],
+        "envs": NotRequired[_keyed(Name, EnvIn)],
+    },
+)
 
 
-class VerificationRecord(_Open):
-    """One cluster's latest verification for one device kind."""
-
-    state: Short | None = None
-    at: Time | None = None
-    device: Text | None = None
-    device_kind: Short | None = None
-    message: str | None = None
-    fingerprint: Fingerprint | None = None
-    checks: VerificationChecks | None = None
-    build: BuildRef | None = None
+def _storable(data: Any) -> Any:
+    """Refuse a body with text or numbers that not every database can store."""
+    problem = storable_text_problem(data)
+    if problem:
+        raise ValueError(problem)
+    return data
 
 
-class CheckpointEntry(_Open):
-    """A checkpoint an env serves: when it was fetched, and its verifications."""
+if TYPE_CHECKING:
+    # To the type checker a validated push is the core's Manifest: the derived type
+    # has its fields, only with the dashboard's limits on some of them.
+    ManifestIn = Manifest
+else:
+    # One cluster's view of an install's manifest.json (docs/manifest.md): the
+    # request body of ``PUT .../manifest``. FastAPI validates it with a TypeAdapter.
+    ManifestIn = Annotated[ManifestRecord, BeforeValidator(_storable)]
 
-    fetched_at: Time | None = None
-    verifications: dict[ClusterName, dict[Short, VerificationRecord]] = Field(default_factory=dict)
-
-
-class EnvEntry(_Open):
-    """An env's current build and its checkpoints."""
-
-    build_id: Text | None = None
-    source_hash: Text | None = None
-    built_at: Time | None = None
-    python: Text | None = None
-    torch: Text | None = None
-    rootstock: Text | None = None
-    checkpoints: dict[Name, CheckpointEntry] = Field(default_factory=dict)
+MANIFEST_ADAPTER: TypeAdapter[Manifest] = TypeAdapter(ManifestIn)
+"""Validates a pushed manifest as the API does (``validate_python`` / ``validate_json``)."""
 
 
 class _StorableText(BaseModel):
@@ -181,18 +289,7 @@ class _StorableText(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _storable(cls, data: Any) -> Any:
-        problem = storable_text_problem(data)
-        if problem:
-            raise ValueError(problem)
-        return data
-
-
-class ManifestIn(_Open, _StorableText):
-    """One cluster's view of an install's ``manifest.json`` (see docs/manifest.md)."""
-
-    schema_version: int = Field(ge=1, le=MANIFEST_VERSION)
-    clusters: list[ClusterName] = Field(min_length=1, max_length=1000)
-    envs: dict[Name, EnvEntry] = Field(default_factory=dict)
+        return _storable(data)
 
 
 class UsageCountIn(_StorableText):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -143,7 +144,9 @@ def matrix(
     )
 
 
-def _group_rows(rows: list, index: dict[int, int]) -> list[tuple[str, str, list[Cell | None]]]:
+def _group_rows(
+    rows: Sequence[Sequence[Any]], index: dict[int, int]
+) -> list[tuple[str, str, list[Cell | None]]]:
     """Group cell rows into one row per checkpoint, cells lined up with the columns.
 
     One checkpoint id can be served by two envs on one cluster (a ``CLUSTERS``

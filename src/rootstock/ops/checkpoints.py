@@ -15,7 +15,7 @@ from rootstock.install.envs import (
     scan_installed_envs,
 )
 from rootstock.install.layout import InstallLayout
-from rootstock.install.manifest import load_manifest, resolve_cluster
+from rootstock.install.manifest import Manifest, load_manifest, resolve_cluster
 from rootstock.ops.status import serves_on, variant_ids
 
 
@@ -36,7 +36,7 @@ def build_snapshot(layout: InstallLayout, env: EnvFile) -> tuple[dict[str, Any],
     return build, dict(meta.get("versions") or {})
 
 
-def is_fetched(manifest: dict[str, Any], env_name: str, checkpoint: str) -> bool:
+def is_fetched(manifest: Manifest, env_name: str, checkpoint: str) -> bool:
     """True when the manifest records a fetch of ``checkpoint`` in ``env_name``."""
     recorded = manifest.get("envs", {}).get(env_name, {}).get("checkpoints", {})
     return bool((recorded.get(checkpoint) or {}).get("fetched_at"))
@@ -46,7 +46,7 @@ def require_fetched(
     layout: InstallLayout,
     env_name: str,
     checkpoint: str,
-    manifest: dict[str, Any] | None = None,
+    manifest: Manifest | None = None,
 ) -> None:
     """Refuse (exit code 1) a declared checkpoint whose weights were never fetched.
 
@@ -105,7 +105,7 @@ def check_selection(
 
 def fetched_checkpoints(
     layout: InstallLayout,
-    manifest: dict[str, Any],
+    manifest: Manifest,
     cluster: str,
     env_filter: str | None = None,
     checkpoint_filter: str | None = None,

@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 from rootstock.install.envfile import is_custom_id
 from rootstock.install.envs import scan_installed_envs
 from rootstock.install.layout import InstallLayout
 
 
-def list_envs(layout: InstallLayout) -> dict:
+class ListedEnv(TypedDict):
+    """One env of ``rootstock list --json``."""
+
+    name: str
+    checkpoints: list[str]
+    custom: list[str]
+    clusters: list[str] | None
+    verify_kwargs: dict[str, dict[str, Any]]
+    error: str | None
+
+
+class EnvListing(TypedDict):
+    """What :func:`list_envs` returns and ``rootstock list --json`` prints."""
+
+    root: str
+    envs: list[ListedEnv]
+    warnings: list[str]
+
+
+def list_envs(layout: InstallLayout) -> EnvListing:
     """Every built env with its ids, custom entries and cluster variants.
 
     A broken env (its ``env_source.py`` does not parse) is listed too, with
@@ -15,7 +36,7 @@ def list_envs(layout: InstallLayout) -> dict:
     it; ``clusters`` is then None because it cannot be read.
     """
     found = scan_installed_envs(layout)
-    rows = [
+    rows: list[ListedEnv] = [
         {
             "name": env.name,
             "checkpoints": [c for c in env.checkpoints if not is_custom_id(c)],

@@ -11,12 +11,54 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, NotRequired, TypedDict
 
 from rootstock.install.envfile import EnvFile, is_custom_id, source_hash
 from rootstock.install.envs import BrokenEnv, read_env_metadata, scan_installed_envs
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import is_locked
-from rootstock.install.manifest import checkpoint_state, load_manifest, served_clusters
+from rootstock.install.manifest import Manifest, checkpoint_state, load_manifest, served_clusters
+
+
+class CheckpointRow(TypedDict):
+    """One checkpoint of an env: its cell (``CheckpointState.to_dict``) per cluster."""
+
+    id: str
+    states: dict[str, dict[str, Any]]
+
+
+class EnvRow(TypedDict):
+    """One env of the status document (docs/cli.md, ``status --json``)."""
+
+    name: str
+    state: str
+    error: str | None
+    python: str | None
+    torch: str | None
+    built_at: str | None
+    interpreter: str | None
+    clusters: list[str] | None
+    hotfixed: bool
+    checkpoints: list[CheckpointRow]
+    size_bytes: NotRequired[int | None]
+
+
+class CacheSizes(TypedDict):
+    """Bytes under the install's cache and home directories (``status --sizes``)."""
+
+    cache: int
+    home: int
+
+
+class StatusDoc(TypedDict):
+    """What :func:`status` returns and ``status --json`` prints."""
+
+    root: str
+    cache_root: str
+    clusters: list[str]
+    envs: list[EnvRow]
+    warnings: list[str]
+    cache_size_bytes: NotRequired[CacheSizes]
 
 
 def directory_size(path: Path) -> int:
@@ -41,7 +83,7 @@ def build_state(layout: InstallLayout, name: str, built: bool) -> str:
     return "built" if built else "not built"
 
 
-def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = False) -> dict:
+def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = False) -> StatusDoc:
     """The status document that ``rootstock status`` renders (and prints with --json)."""
     manifest = load_manifest(layout)
     clusters = [cluster.lower()] if cluster else served_clusters(layout, manifest)
@@ -55,7 +97,7 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
         if layout.environments_dir.is_dir()
         else set()
     )
-    rows = []
+    rows: list[EnvRow] = []
     for name in sorted(set(built) | set(broken) | registered | set(manifest.get("envs", {}))):
         env = built.get(name)
         meta = read_env_metadata(layout, name) or {}
@@ -63,7 +105,7 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
         state = build_state(layout, name, env is not None or name in broken)
         if name in broken and state == "built":
             state = "broken"
-        row = {
+        row: EnvRow = {
             "name": name,
             "state": state,
             "error": broken[name].message if name in broken else None,
@@ -84,7 +126,7 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
         if sizes:
             row["size_bytes"] = directory_size(layout.env_dir(name)) if env else None
         rows.append(row)
-    doc = {
+    doc: StatusDoc = {
         "root": str(layout.root),
         "cache_root": str(layout.cache_root),
         "clusters": clusters,
@@ -100,10 +142,10 @@ def status(layout: InstallLayout, cluster: str | None = None, sizes: bool = Fals
 
 
 def _checkpoint_rows(
-    manifest: dict, env: EnvFile, clusters: list[str], variants: set[tuple[str, str]]
-) -> list[dict]:
+    manifest: Manifest, env: EnvFile, clusters: list[str], variants: set[tuple[str, str]]
+) -> list[CheckpointRow]:
     current_hash = source_hash(env.source)
-    rows = []
+    rows: list[CheckpointRow] = []
     for checkpoint in env.checkpoints:
         if is_custom_id(checkpoint):
             continue
@@ -120,8 +162,8 @@ def _checkpoint_rows(
 
 
 def _broken_rows(
-    layout: InstallLayout, manifest: dict, broken: BrokenEnv, clusters: list[str]
-) -> list[dict]:
+    layout: InstallLayout, manifest: Manifest, broken: BrokenEnv, clusters: list[str]
+) -> list[CheckpointRow]:
     """A broken env's recorded ids, on every cluster: which ones it serves is unknown
     until the file parses again, and hiding them would hide what is now failing."""
     current_hash = broken.live_source_hash()

@@ -9,6 +9,8 @@ Treated like a small database (the schema is documented in ``docs/manifest.md``)
 * every change is a short locked read-modify-write, written to a temp file and
   renamed into place (:mod:`.store`); the ``record_*`` helpers each write one
   record, after the slow work is done (:mod:`.records`);
+* the records are declared once, as TypedDicts (:mod:`.types`): plain dicts at
+  runtime, checked by mypy, and validated by the dashboard through pydantic;
 * the displayed state of a checkpoint (``stale`` included) is derived on read,
   never stored (:mod:`.state`), and re-verifications are compared with the accepted
   reference fingerprint for the same setup kwargs (:mod:`.fingerprints`).
@@ -39,7 +41,6 @@ from rootstock.install.manifest.schema import (
     ENV_BUILD_FIELDS,
     MANIFEST_VERSION,
     VERIFICATION_STATES,
-    Manifest,
     new_manifest,
     normalize_cluster,
     parse_manifest,
@@ -62,6 +63,18 @@ from rootstock.install.manifest.store import (
     served_clusters,
     update_manifest,
 )
+from rootstock.install.manifest.types import (
+    BuildRef,
+    CheckpointRecord,
+    Checks,
+    EnvRecord,
+    Fingerprint,
+    Manifest,
+    QuantityCheck,
+    Reference,
+    Verification,
+    VerificationState,
+)
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -70,12 +83,21 @@ __all__ = [
     "ENV_BUILD_FIELDS",
     "MANIFEST_VERSION",
     "VERIFICATION_STATES",
+    "BuildRef",
+    "CheckpointRecord",
     "CheckpointState",
+    "Checks",
+    "EnvRecord",
+    "Fingerprint",
     "FingerprintComparison",
     "FingerprintTolerance",
     "Manifest",
     "ManifestInit",
+    "QuantityCheck",
     "QuantityDrift",
+    "Reference",
+    "Verification",
+    "VerificationState",
     "canonical_kwargs",
     "checkpoint_state",
     "cluster_view",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -149,8 +150,8 @@ class FingerprintComparison:
 
 
 def compare_fingerprints(
-    reference: dict[str, Any],
-    new: dict[str, Any],
+    reference: Mapping[str, Any],
+    new: Mapping[str, Any],
     tolerance: FingerprintTolerance | None = None,
 ) -> FingerprintComparison:
     """Compare ``new`` with the accepted ``reference`` fingerprint.

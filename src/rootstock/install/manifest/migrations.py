@@ -25,10 +25,10 @@ from typing import Any
 
 from rootstock.install.manifest.fingerprints import UNRECORDED_KWARGS, device_kind
 
-Manifest = dict[str, Any]
+RawManifest = dict[str, Any]  # any schema version: old ones are not the current shape
 
 
-def schema_version_of(data: Manifest) -> int | None:
+def schema_version_of(data: RawManifest) -> int | None:
     """The schema version a parsed manifest declares: 0 when absent, None when invalid."""
     if "schema_version" not in data:
         return 0
@@ -38,7 +38,7 @@ def schema_version_of(data: Manifest) -> int | None:
     return version
 
 
-def migrate(data: Manifest, target: int) -> Manifest:
+def migrate(data: RawManifest, target: int) -> RawManifest:
     """Apply the registered steps until ``data`` is at version ``target``.
 
     The caller has already checked that the version is known and not above target.
@@ -57,7 +57,7 @@ def migrate(data: Manifest, target: int) -> Manifest:
     return data
 
 
-def _v0_to_v1(old: Manifest) -> Manifest:
+def _v0_to_v1(old: RawManifest) -> RawManifest:
     """Pre-versioning draft -> v1: a cluster list and per-cluster, per-kind records."""
     cluster = old.get("cluster")
     clusters = [cluster.lower()] if isinstance(cluster, str) and cluster else []
@@ -131,7 +131,7 @@ def _first_line(error: Any) -> str | None:
     return lines[0] if lines else None
 
 
-def _v1_to_v2(old: Manifest) -> Manifest:
+def _v1_to_v2(old: RawManifest) -> RawManifest:
     """v1 -> v2: references filed by setup kwargs; each record says its kwargs.
 
     A v1 record never said which kwargs its pass or its reference ran with, so its
@@ -158,4 +158,4 @@ def _objects(mapping: Any) -> list[dict[str, Any]]:
     return [value for value in mapping.values() if isinstance(value, dict)]
 
 
-MIGRATIONS: dict[int, Callable[[Manifest], Manifest]] = {0: _v0_to_v1, 1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[RawManifest], RawManifest]] = {0: _v0_to_v1, 1: _v1_to_v2}

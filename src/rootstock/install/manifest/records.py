@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import secrets
-from typing import Any
+from typing import Any, cast
 
 from rootstock.errors import UnstorableValue, UsageError
 from rootstock.install.layout import InstallLayout
@@ -23,14 +23,20 @@ from rootstock.install.manifest.fingerprints import (
     device_kind,
     kwargs_key,
 )
-from rootstock.install.manifest.schema import (
-    BUILD_REF_FIELDS,
-    ENV_BUILD_FIELDS,
-    Manifest,
-    normalize_cluster,
-    utc_now,
-)
+from rootstock.install.manifest.schema import ENV_BUILD_FIELDS, normalize_cluster, utc_now
 from rootstock.install.manifest.store import DEFAULT_LOCK_TIMEOUT, update_manifest
+from rootstock.install.manifest.types import (
+    BuildRef,
+    CheckpointRecord,
+    Checks,
+    EnvRecord,
+    Fingerprint,
+    JsonObject,
+    Manifest,
+    Reference,
+    Verification,
+    VerificationState,
+)
 from rootstock.install.manifest.validate import DEVICE_KINDS, opaque_problem
 from rootstock.names import device_name
 
@@ -42,7 +48,7 @@ def record_env_build(
     env_name: str,
     build_info: dict[str, Any],
     timeout: float = DEFAULT_LOCK_TIMEOUT,
-) -> dict[str, Any]:
+) -> EnvRecord:
     """Record a finished (re)build of ``env_name``; return the env's build fields.
 
     ``build_info`` holds :data:`ENV_BUILD_FIELDS` (``source_hash`` required;
@@ -57,14 +63,21 @@ def record_env_build(
         raise ValueError(f"unknown env build fields: {sorted(unknown)}")
     if not build_info.get("source_hash"):
         raise ValueError("build_info needs a source_hash")
-    fields = {name: build_info.get(name) for name in ENV_BUILD_FIELDS}
-    fields["built_at"] = fields["built_at"] or utc_now()
-    fields["build_id"] = fields["build_id"] or secrets.token_hex(8)
+    get = build_info.get
+    fields: EnvRecord = {
+        "build_id": get("build_id") or secrets.token_hex(8),
+        "source_hash": get("source_hash"),
+        "lock_hash": get("lock_hash"),
+        "built_at": get("built_at") or utc_now(),
+        "python": get("python"),
+        "python_path": get("python_path"),
+        "torch": get("torch"),
+        "rootstock": get("rootstock"),
+    }
 
-    def mutate(data: Manifest) -> dict[str, Any]:
-        entry = _env_entry(data, env_name)
-        entry.update(fields)
-        return {k: entry[k] for k in ENV_BUILD_FIELDS}
+    def mutate(data: Manifest) -> EnvRecord:
+        _env_entry(data, env_name).update(fields)
+        return fields.copy()
 
     return update_manifest(layout, mutate, timeout)
 
@@ -82,11 +95,11 @@ def record_fetch(
     checkpoint: str,
     at: str | None = None,
     timeout: float = DEFAULT_LOCK_TIMEOUT,
-) -> dict[str, Any]:
+) -> CheckpointRecord:
     """Stamp ``checkpoint`` (served by ``env_name``) as fetched; return its record."""
     stamp = at or utc_now()
 
-    def mutate(data: Manifest) -> dict[str, Any]:
+    def mutate(data: Manifest) -> CheckpointRecord:
         entry = _checkpoint_entry(_env_entry(data, env_name), checkpoint)
         entry["fetched_at"] = stamp
         return copy.deepcopy(entry)
@@ -103,7 +116,7 @@ def record_verification(
     accept_drift: bool = False,
     tolerance: FingerprintTolerance | None = None,
     timeout: float = DEFAULT_LOCK_TIMEOUT,
-) -> dict[str, Any]:
+) -> Verification:
     """Record one verification outcome on ``cluster`` and return the stored record.
 
     ``result`` keys: ``passed`` (bool, required); ``device`` (default ``"cpu"``;
@@ -136,9 +149,11 @@ def record_verification(
     if not isinstance(result.get("passed"), bool):
         raise ValueError("result['passed'] must be True or False")
     passed = result["passed"]
-    fingerprint = result.get("fingerprint")
+    fingerprint: Fingerprint | None = result.get("fingerprint")
     if passed and not isinstance(fingerprint, dict):
         raise ValueError("a passed verification needs its fingerprint")
+    # What a pass measured (the same object as ``fingerprint``); only read on a pass.
+    measured: Fingerprint = fingerprint if isinstance(fingerprint, dict) else {}
     # A name stored now is refused later (rootstock.names): refuse it here instead.
     device = device_name(str(result.get("device") or "cpu"))
     kind = str(result.get("device_kind") or device_kind(device))
@@ -146,7 +161,7 @@ def record_verification(
         raise UsageError(f"{kind!r} is not a device kind", hint="device kinds are cpu, gpu and xpu")
     at = result.get("at") or utc_now()
     message = one_line(result.get("message"))
-    checks = result.get("checks")
+    checks: Checks | None = result.get("checks")
     if checks is not None and not isinstance(checks, dict):
         raise ValueError("result['checks'] must be a dict or None")
     build_given = dict(result.get("build") or {})
@@ -161,29 +176,40 @@ def record_verification(
     _refuse_unstorable(layout, "kwargs", kwargs)
     key = kwargs_key(kwargs)
 
-    def mutate(data: Manifest) -> dict[str, Any]:
+    def mutate(data: Manifest) -> Verification:
         env = _env_entry(data, env_name)
         same_build = build_given.get("build_id") in (None, env.get("build_id"))
         if build_given.get("source_hash") and same_build:
             env["source_hash"] = build_given["source_hash"]
-        build = {f: build_given.get(f, env.get(f)) for f in BUILD_REF_FIELDS}
+        given = build_given.get
+        build: BuildRef = {
+            "build_id": given("build_id", env.get("build_id")),
+            "source_hash": given("source_hash", env.get("source_hash")),
+            "built_at": given("built_at", env.get("built_at")),
+            "lock_hash": given("lock_hash", env.get("lock_hash")),
+        }
         entry = _checkpoint_entry(env, checkpoint)
         by_kind = entry["verifications"].setdefault(cluster_name, {})
-        references = copy.deepcopy((by_kind.get(kind) or {}).get("references") or {})
+        previous = by_kind.get(kind)
+        references: dict[str, Reference] = copy.deepcopy(
+            (previous.get("references") if previous else None) or {}
+        )
         reference = references.get(key)
         unrecorded = reference is None and UNRECORDED_KWARGS in references
         if unrecorded:
             reference = references[UNRECORDED_KWARGS]
-        state, drift, note = "failed", None, message
+        state: VerificationState = "failed"
+        drift: JsonObject | None = None
+        note = message
         if passed:
             if unrecorded:
                 # Only a pass adopts it, so a failure leaves it for the next pass.
                 del references[UNRECORDED_KWARGS]
             if reference is None or accept_drift:
-                reference = {"fingerprint": fingerprint, "at": at, "build": build, "kwargs": kwargs}
+                reference = {"fingerprint": measured, "at": at, "build": build, "kwargs": kwargs}
                 state = "verified"
             else:
-                comparison = compare_fingerprints(reference["fingerprint"], fingerprint, tolerance)
+                comparison = compare_fingerprints(reference["fingerprint"], measured, tolerance)
                 state = "verified" if comparison.within else "drifted"
                 if not comparison.within:
                     drift, note = comparison.to_dict(), one_line(comparison.message)
@@ -191,7 +217,7 @@ def record_verification(
             references[key] = reference
             if entry.get("fetched_at") is None:
                 entry["fetched_at"] = at  # a pass proves the weights are in the cache
-        record = {
+        record: Verification = {
             "state": state,
             "at": at,
             "device": device,
@@ -238,18 +264,18 @@ def one_line(message: Any) -> str | None:
     return None
 
 
-def _env_entry(data: Manifest, env_name: str) -> dict[str, Any]:
+def _env_entry(data: Manifest, env_name: str) -> EnvRecord:
     env = data["envs"].get(env_name)
     if env is None:
         # An env recorded before its build (a manifest made after `install`):
         # unknown build fields are null until the next `install` records them.
-        env = {name: None for name in ENV_BUILD_FIELDS}
+        env = cast(EnvRecord, dict.fromkeys(ENV_BUILD_FIELDS))  # every build field, null
         data["envs"][env_name] = env
     env.setdefault("checkpoints", {})
     return env
 
 
-def _checkpoint_entry(env: dict[str, Any], checkpoint: str) -> dict[str, Any]:
+def _checkpoint_entry(env: EnvRecord, checkpoint: str) -> CheckpointRecord:
     entry = env["checkpoints"].setdefault(checkpoint, {})
     entry.setdefault("fetched_at", None)
     entry.setdefault("verifications", {})

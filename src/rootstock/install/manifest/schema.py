@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from rootstock.errors import ManifestError
-from rootstock.install.manifest.migrations import migrate, schema_version_of
+from rootstock.install.manifest.migrations import RawManifest, migrate, schema_version_of
+from rootstock.install.manifest.types import Manifest
 from rootstock.install.parsing import ParseProblem, check_depth, loads_json
 from rootstock.names import CLUSTER_NAME_RULE, DEVICE_RULE, cluster_name, warn_stored_name
 
@@ -35,8 +36,6 @@ ENV_BUILD_FIELDS = (
     "rootstock",
 )
 BUILD_REF_FIELDS = ("build_id", "source_hash", "built_at", "lock_hash")
-
-Manifest = dict[str, Any]
 
 FIX_HINT = (
     "the file was left untouched. Restore it from a backup or fix it by hand; "
@@ -113,15 +112,18 @@ def parse_manifest_text(raw: str | bytes, path: Path) -> tuple[Manifest, bool]:
             hint="upgrade rootstock (pip install -U rootstock); the file was left untouched",
         )
     migrated = version < MANIFEST_VERSION
+    raw_data: RawManifest = data
     if migrated:
-        data = _migrated(data, version, path)
+        raw_data = _migrated(raw_data, version, path)
     try:
-        stored = check_manifest(data)
+        stored = check_manifest(raw_data)
     except SchemaProblem as exc:
         after = f" (as migrated from schema version {version})" if migrated else ""
         raise ManifestError(f"{path} is corrupt: {exc}{after}", hint=FIX_HINT) from None
     _warn_stored_names(stored, path)
-    return data, migrated
+    # The one place untrusted JSON becomes a Manifest: check_manifest has just
+    # checked every field the TypedDicts declare.
+    return cast(Manifest, raw_data), migrated
 
 
 def _warn_stored_names(stored: list[StoredName], path: Path) -> None:
@@ -134,7 +136,7 @@ def _warn_stored_names(stored: list[StoredName], path: Path) -> None:
         warn_stored_name(kind, value, f"{path} at {wheres[0]}{more}", _fix(kind))
 
 
-def _migrated(data: Manifest, version: int, path: Path) -> Manifest:
+def _migrated(data: RawManifest, version: int, path: Path) -> RawManifest:
     """``data`` migrated to the current schema, or a refusal saying why not."""
     try:
         # An old file skipped the walk the current schema gets; the migration steps

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from rootstock.install.manifest.types import BuildRef, Checks, EnvRecord, Manifest, Verification
+
 DISPLAY_STATES = ("not fetched", "fetched", "verified", "failed", "drifted", "stale")
 
 
@@ -47,7 +49,7 @@ class CheckpointState:
     fetched_at: str | None = None
     message: str | None = None
     recorded_state: str | None = None
-    checks: dict[str, Any] | None = None
+    checks: Checks | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (the shape ``status --json`` uses per cell)."""
@@ -58,7 +60,7 @@ class CheckpointState:
 
 
 def checkpoint_state(
-    manifest: dict[str, Any],
+    manifest: Manifest,
     env_name: str,
     checkpoint: str,
     cluster: str,
@@ -74,22 +76,24 @@ def checkpoint_state(
     as stale); None falls back to the env's recorded ``source_hash``.
     """
     cluster = cluster.strip().lower()
-    env = manifest.get("envs", {}).get(env_name) or {}
+    env: EnvRecord = manifest.get("envs", {}).get(env_name) or {}
     entry = env.get("checkpoints", {}).get(checkpoint) or {}
     fetched_at = entry.get("fetched_at")
     by_kind = entry.get("verifications", {}).get(cluster) or {}
     record = _pick_record(by_kind, device_kind)
     if record is None:
-        state = "fetched" if fetched_at else "not fetched"
-        return CheckpointState(state, cluster, device_kind, fetched_at=fetched_at)
+        shown = "fetched" if fetched_at else "not fetched"
+        return CheckpointState(shown, cluster, device_kind, fetched_at=fetched_at)
     at = record.get("at")
     recorded = record.get("state")
     checks = record.get("checks")
     stale_reason = _stale_reason(record.get("build") or {}, env, current_source_hash)
+    message: str | None
     if stale_reason:
         state, message = "stale", stale_reason
     else:
-        state = recorded if recorded in _RECORDED_STATES else "failed"
+        # A pushed record may say anything (the dashboard reads it too).
+        state = "failed" if recorded is None or recorded not in _RECORDED_STATES else recorded
         message = record.get("message")
     # Positional: status builds thousands of these, and keywords cost a third more.
     return CheckpointState(
@@ -110,7 +114,7 @@ _RECORDED_STATES = ("verified", "failed", "drifted")
 _NEVER = datetime.min.replace(tzinfo=UTC)
 
 
-def _pick_record(by_kind: dict[str, Any], device_kind: str | None) -> dict[str, Any] | None:
+def _pick_record(by_kind: dict[str, Verification], device_kind: str | None) -> Verification | None:
     if device_kind is not None:
         return by_kind.get(device_kind)
     latest, latest_at = None, _NEVER
@@ -122,9 +126,7 @@ def _pick_record(by_kind: dict[str, Any], device_kind: str | None) -> dict[str, 
     return latest
 
 
-def _stale_reason(
-    build: dict[str, Any], env: dict[str, Any], current_source_hash: str | None
-) -> str | None:
+def _stale_reason(build: BuildRef, env: EnvRecord, current_source_hash: str | None) -> str | None:
     if not build.get("source_hash"):
         return "verified against an unrecorded build; re-verify"
     get, env_get = build.get, env.get
@@ -173,7 +175,7 @@ def _age_seconds(at: Any, now: datetime | None) -> float | None:
     return max(0.0, ((now or datetime.now(UTC)) - moment).total_seconds())
 
 
-def cluster_view(manifest: dict[str, Any], cluster: str) -> dict[str, Any]:
+def cluster_view(manifest: Manifest, cluster: str) -> Manifest:
     """A copy of ``manifest`` as one cluster sees it: only that cluster's verifications.
 
     Build and fetch state is shared by every cluster of a shared install; pushes send

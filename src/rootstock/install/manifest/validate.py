@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,10 +119,12 @@ def describe(value: Any) -> str:
     return "an object" if isinstance(value, dict) else "a list"
 
 
-def check_manifest(data: dict[str, Any]) -> list[StoredName]:
+def check_manifest(data: Mapping[str, Any]) -> list[StoredName]:
     """Check every field of a current-schema manifest; return the now-invalid names.
 
-    Raises :class:`SchemaProblem` for the first field of the wrong type.
+    ``data`` is untrusted parsed JSON (or a :class:`~.types.Manifest` about to be
+    written); once this returns, it has the shape :mod:`.types` declares. Raises
+    :class:`SchemaProblem` for the first field of the wrong type.
     """
     walk = _Walk()
     walk.top(data)
@@ -157,7 +160,7 @@ class _Walk:
         # record (a build, env_versions): one equal to it needs no second look.
         self.memo: dict[str, Any] = {}
 
-    def top(self, data: dict[str, Any]) -> None:
+    def top(self, data: Mapping[str, Any]) -> None:
         version = data.get("schema_version", _MISSING)
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:
             raise SchemaProblem(("schema_version",), _must("a non-negative integer", version))
@@ -315,7 +318,7 @@ class _Walk:
         _unknown(build, _BUILD_KEYS, where)
         self.memo["build"] = build
 
-    def time_or_null(self, obj: dict[str, Any], where: Path, field: str) -> None:
+    def time_or_null(self, obj: Mapping[str, Any], where: Path, field: str) -> None:
         """``obj[field]``, when present and not null, is a timestamp ``parse_time`` reads."""
         value = obj.get(field)
         if value is None or (type(value) is str and value in self.times):
@@ -379,7 +382,7 @@ def _is_finite_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _text_or_null(obj: dict[str, Any], where: Path, field: str) -> None:
+def _text_or_null(obj: Mapping[str, Any], where: Path, field: str) -> None:
     value = obj.get(field)
     if value is not None and not isinstance(value, str):
         raise SchemaProblem((*where, field), _must("text or null", value))
@@ -394,7 +397,7 @@ def _object_or_null(obj: dict[str, Any], where: Path, field: str) -> None:
     _opaque(value, (*where, field))
 
 
-def _unknown(obj: dict[str, Any], known: frozenset[str], where: Path) -> None:
+def _unknown(obj: Mapping[str, Any], known: frozenset[str], where: Path) -> None:
     """Tolerate keys the schema does not name, as long as their values are sound JSON."""
     if obj.keys() <= known:
         return
