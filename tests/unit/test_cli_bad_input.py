@@ -22,8 +22,8 @@ import pytest
 from rootstock.cli.main import main
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import ensure_manifest
+from rootstock.install.parsing import MAX_KWARG_DEPTH
 from rootstock.ops.init import InitRequest, init_root
-from rootstock.ops.kwargs import MAX_KWARG_DEPTH
 from rootstock.ops.serve import SUN_PATH_MAX_BYTES, check_socket_path
 
 pytestmark = pytest.mark.timeout(120)

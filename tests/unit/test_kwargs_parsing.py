@@ -1,4 +1,4 @@
-"""``--kwarg K=V`` parsing (:func:`rootstock.ops.kwargs.parse_kwargs`).
+"""``--kwarg K=V`` parsing (:func:`rootstock.cli.kwargs.parse_kwargs`).
 
 A value is standard JSON when it parses and a string otherwise; nesting is
 bounded, so a hostile or mistyped value is a usage error, never a RecursionError.
@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rootstock.cli.kwargs import parse_kwargs
 from rootstock.errors import UsageError
-from rootstock.ops.kwargs import MAX_KWARG_DEPTH, parse_kwargs
+from rootstock.install.parsing import MAX_KWARG_DEPTH
 
 pytestmark = pytest.mark.timeout(60)
 

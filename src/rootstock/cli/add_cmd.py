@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import click
 
 from rootstock.cli.common import emit_json, layout_from, progress, root_options, warn
 from rootstock.cli.options import DEVICE, timeout_seconds
+
+if TYPE_CHECKING:
+    from rootstock.install.layout import InstallLayout
+    from rootstock.install.manifest import Checks, QuantityCheck
 
 
 @click.command()
@@ -43,29 +49,29 @@ from rootstock.cli.options import DEVICE, timeout_seconds
 @click.option("--list", "list_only", is_flag=True, help="List addable checkpoint ids and exit.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def add(
-    checkpoint,
-    root,
-    cluster,
-    cache_root,
-    no_verify,
-    device,
-    kwargs,
-    verify_timeout,
-    force,
-    accept_drift,
-    no_push,
-    no_perm_check,
-    list_only,
-    as_json,
-):
+    checkpoint: str | None,
+    root: str | None,
+    cluster: str | None,
+    cache_root: str | None,
+    no_verify: bool,
+    device: str,
+    kwargs: tuple[str, ...],
+    verify_timeout: float,
+    force: bool,
+    accept_drift: bool,
+    no_push: bool,
+    no_perm_check: bool,
+    list_only: bool,
+    as_json: bool,
+) -> None:
     """Download a checkpoint's weights and verify them with one forward pass.
 
     Download runs on the CPU with the network; verification runs on --device,
     offline. Re-running skips the download and verifies again.
     """
+    from rootstock.cli.kwargs import parse_kwargs
     from rootstock.errors import UsageError
     from rootstock.ops.add import add as run_add
-    from rootstock.ops.kwargs import parse_kwargs
 
     # Before the root is even resolved: a bad --kwarg is the first thing reported.
     setup_kwargs = parse_kwargs(kwargs)
@@ -111,11 +117,12 @@ def add(
         raise click.exceptions.Exit(1)
 
 
-def describe_checks(checks: dict) -> str:
+def describe_checks(checks: Checks) -> str:
     """``forces 1.000, stress 0.999 (model / energy derivative, float64 rule)``."""
-    parts = []
-    for quantity in ("forces", "stress"):
-        check = checks.get(quantity) or {}
+    parts: list[str] = []
+    quantities: tuple[Literal["forces", "stress"], ...] = ("forces", "stress")
+    for quantity in quantities:
+        check: QuantityCheck = checks.get(quantity) or {}
         ratio = check.get("ratio")
         if check.get("mode") == "n/a":
             parts.append(f"{quantity} n/a")
@@ -127,7 +134,7 @@ def describe_checks(checks: dict) -> str:
     return f"{', '.join(parts)} (model / energy derivative, {checks.get('dtype')} rule)"
 
 
-def _list_addable(layout, cluster, as_json):
+def _list_addable(layout: InstallLayout, cluster: str | None, as_json: bool) -> None:
     from rootstock.install.envfile import is_custom_id
     from rootstock.install.envs import envs_on_cluster, load_installed_envs
 

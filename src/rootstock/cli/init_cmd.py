@@ -40,27 +40,27 @@ _CACHE_EXPLAINER = (
 @click.option("--yes", "-y", is_flag=True, help="Never prompt; flags and defaults decide.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
 def init(
-    root,
-    cache_root,
-    cluster,
-    maintainer_name,
-    maintainer_email,
-    api_url,
-    api_key,
-    api_secret_file,
-    force,
-    yes,
-    as_json,
-):
+    root: str | None,
+    cache_root: str | None,
+    cluster: str | None,
+    maintainer_name: str | None,
+    maintainer_email: str | None,
+    api_url: str | None,
+    api_key: str | None,
+    api_secret_file: str | None,
+    force: bool,
+    yes: bool,
+    as_json: bool,
+) -> None:
     """Create an install root and record it in your config.toml.
 
     On a terminal, init asks for whatever the flags leave open. Without one (batch
     jobs, CI) it never prompts.
     """
     from rootstock.errors import RootNotFound
-    from rootstock.install.clusters import clusters_for_root
+    from rootstock.install.clusters import clusters_for_root, suggest_cluster
     from rootstock.install.config import load_config
-    from rootstock.ops.init import InitRequest, init_root, suggest_cluster
+    from rootstock.ops.init import InitRequest, init_root
 
     interactive = not yes and sys.stdin.isatty()
     config = load_config()

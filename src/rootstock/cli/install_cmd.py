@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from rootstock.cli.common import emit_json, layout_from, progress, root_options
+
+if TYPE_CHECKING:
+    from rootstock.install.layout import InstallLayout
+    from rootstock.install.plan import InstallPlan
 
 
 @click.command()
@@ -43,21 +49,21 @@ from rootstock.cli.common import emit_json, layout_from, progress, root_options
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def install(
-    target,
-    root,
-    cluster,
-    cache_root,
-    force,
-    upgrade,
-    python,
-    find_links,
-    constraints,
-    no_push,
-    no_perm_check,
-    verbose,
-    dry_run,
-    as_json,
-):
+    target: str,
+    root: str | None,
+    cluster: str | None,
+    cache_root: str | None,
+    force: bool,
+    upgrade: bool,
+    python: str | None,
+    find_links: tuple[str, ...],
+    constraints: tuple[str, ...],
+    no_push: bool,
+    no_perm_check: bool,
+    verbose: bool,
+    dry_run: bool,
+    as_json: bool,
+) -> None:
     """Build env files into isolated envs under {root}/envs/.
 
     TARGET is an env file, a directory of *.py env files, or the name of an
@@ -113,7 +119,7 @@ def install(
         raise click.exceptions.Exit(1)
 
 
-def check_named_env(layout, target: str) -> None:
+def check_named_env(layout: InstallLayout, target: str) -> None:
     """TARGET as an env name (not a path): a typo is a usage error with close matches."""
     import os
     from pathlib import Path
@@ -126,11 +132,21 @@ def check_named_env(layout, target: str) -> None:
     require_registered_env(layout, target)
 
 
-def _dry_run(target, root, cluster, cache_root, force, upgrade, python, as_json) -> None:
+def _dry_run(
+    target: str,
+    root: str | None,
+    cluster: str | None,
+    cache_root: str | None,
+    force: bool,
+    upgrade: bool,
+    python: str | None,
+    as_json: bool,
+) -> None:
     """Plan the install and render it; exit 1 when any env would fail."""
     from rootstock.errors import RootNotFound
     from rootstock.ops.install import plan_install
 
+    layout: InstallLayout | None
     try:
         layout = layout_from(root, cluster, cache_root, must_exist=False)
     except RootNotFound:
@@ -148,7 +164,7 @@ def _dry_run(target, root, cluster, cache_root, force, upgrade, python, as_json)
         raise click.exceptions.Exit(1)
 
 
-def _render_plan(plan) -> None:
+def _render_plan(plan: InstallPlan) -> None:
     """The human form of an install plan: one block per env, problems on stderr."""
     where = f"root {plan.root}" if plan.root else "no install root"
     click.echo(f"dry run: nothing is built or written ({where})")
@@ -197,11 +213,11 @@ _ACTION_WORDS = {
 }
 
 
-def _tool_uv_rows(tool_uv: dict) -> list[tuple[str, str]]:
+def _tool_uv_rows(tool_uv: dict[str, Any]) -> list[tuple[str, str]]:
     """``[tool.uv]`` settings as label/value rows: indexes and sources spelled out."""
     import json
 
-    rows = []
+    rows: list[tuple[str, str]] = []
     for index in tool_uv.get("index") or []:
         if isinstance(index, dict):
             flags = [k for k in ("explicit", "default") if index.get(k) is True]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import TextIO
 
 import click
 
@@ -74,15 +75,15 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="rootstock", message="rootstock %(version)s")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
-@click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(debug: bool) -> None:
     """Run many machine-learned interatomic potentials from one ASE calculator.
 
     Maintainers build model environments into a shared install root
     (init, install, add); users compute with RootstockCalculator.
     """
-    ctx.ensure_object(dict)
-    ctx.obj["debug"] = debug
+    # ``--debug`` is declared here so click parses it and --help lists it. main()
+    # reads it from argv instead: the errors it shows tracebacks for are caught
+    # there, after click has returned.
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +136,14 @@ def _show_stored_name_warnings() -> None:
     if getattr(default, "rootstock_hook", False):
         return  # main() ran before in this process (tests, embedding callers)
 
-    def show(message, category, filename, lineno, file=None, line=None):
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         # Imported here, not at start-up: whatever warns has imported it already.
         from rootstock.names import StoredNameWarning
 
@@ -144,7 +152,7 @@ def _show_stored_name_warnings() -> None:
         else:
             default(message, category, filename, lineno, file, line)
 
-    show.rootstock_hook = True  # type: ignore[attr-defined]
+    show.rootstock_hook = True  # type: ignore[attr-defined]  # a marker on the function object
     warnings.showwarning = show
 
 

@@ -44,7 +44,9 @@ class Seconds(click.ParamType):
         self.zero_means = zero_means
         self.maximum = maximum
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
         """Parse ``value`` (a string from the command line, or a default)."""
         if isinstance(value, bool):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
@@ -79,7 +81,7 @@ class Count(click.ParamType):
         self.minimum = minimum
         self.maximum = maximum
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         """Parse ``value``; ``2.0``, ``1e3`` and ``true`` are not whole numbers here."""
         if isinstance(value, bool):
             self.fail(f"{value!r} is not a whole number", param, ctx)
@@ -127,7 +129,7 @@ class CheckedBy(click.ParamType):
         self.name = name
         self.check = check
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """Return ``check(value)``, or fail with the rule's message and hint."""
         try:
             return self.check(value)
@@ -163,7 +165,7 @@ class NonEmptyPath(click.Path):
     reads as "not given" and would silently fall back to another install.
     """
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         """Refuse ``""`` (and all-blank text), else convert as ``click.Path`` does."""
         if isinstance(value, str) and not value.strip():
             self.fail("an empty path is not a path; omit the option to use the default", param, ctx)
@@ -180,5 +182,5 @@ def directory() -> NonEmptyPath:
 CLUSTER = CheckedBy("cluster", _cluster_name)
 # cpu, cuda[:N], xpu[:N], gpu[:N], mps, rocm or hip (``names.device_name``).
 DEVICE = CheckedBy("device", _device_name)
-# A standard JSON object nested at most ops.kwargs.MAX_KWARG_DEPTH deep.
+# A standard JSON object nested at most install.parsing.MAX_KWARG_DEPTH deep.
 SETUP_KWARGS = CheckedBy("json", _setup_kwargs)

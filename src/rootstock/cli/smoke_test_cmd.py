@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import click
 
@@ -42,24 +40,26 @@ from rootstock.cli.options import DEVICE, EVERY_N, JOBS, timeout_seconds
 @click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
 @click.option("--json", "as_json", is_flag=True, help="Print a per-checkpoint summary as JSON.")
 def smoke_test(
-    root,
-    cluster,
-    cache_root,
-    env_name,
-    checkpoint,
-    device,
-    verify_timeout,
-    jobs,
-    push_every,
-    no_push,
-    as_json,
-):
+    root: str | None,
+    cluster: str | None,
+    cache_root: str | None,
+    env_name: str | None,
+    checkpoint: str | None,
+    device: str,
+    verify_timeout: float,
+    jobs: int,
+    push_every: int | None,
+    no_push: bool,
+    as_json: bool,
+) -> None:
     """Re-verify every fetched checkpoint; never downloads.
 
     Each result is written to manifest.json the moment it is known. Exit code 0
     only when everything tested passed.
     """
-    from rootstock.cli.push_hooks import auto_push_dashboard, push_after
+    from rootstock.cli.push_hooks import auto_push_dashboard, push_after, show_notice
+    from rootstock.ops.push_policy import snapshot_pushes
+    from rootstock.ops.smoke_test import SmokeResult
     from rootstock.ops.smoke_test import smoke_test as run_smoke_test
 
     layout = layout_from(root, cluster, cache_root)
@@ -80,7 +80,7 @@ def smoke_test(
         if not as_json:
             click.echo(f"smoke-testing {total} checkpoint(s) on {device}", err=True)
 
-    def on_result(result) -> None:
+    def on_result(result: SmokeResult) -> None:
         state["done"] += 1
         if as_json:
             return
@@ -94,7 +94,7 @@ def smoke_test(
         click.echo(line)
         sys.stdout.flush()
 
-    with _snapshots(layout, dashboard, machine, push_every) as pusher:
+    with snapshot_pushes(layout, dashboard, machine, push_every, show_notice) as snapshots:
         report = run_smoke_test(
             layout,
             cluster=cluster,
@@ -105,17 +105,10 @@ def smoke_test(
             jobs=jobs,
             on_start=on_start,
             on_result=on_result,
-            snapshot_every=push_every if pusher else None,
-            on_snapshot=lambda _n: pusher.request(),
+            snapshot_every=push_every if snapshots else None,
+            on_snapshot=snapshots.on_snapshot if snapshots else lambda _n: None,
         )
-        deadline = None
-        if pusher is not None:
-            # The snapshot still in flight and the final push share one retry cap, so a
-            # dashboard that drops packets holds the job up about one cap, not two.
-            from rootstock.ops.http_client import Deadline
-
-            deadline = Deadline(dashboard.policy.total_cap)
-            pusher.close(deadline)
+        deadline = snapshots.finish() if snapshots else None
     # The final push, after the last result (each result is already in manifest.json).
     push_after("smoke-test", layout, dashboard, [machine] if machine else None, deadline)
     if as_json:
@@ -124,26 +117,3 @@ def smoke_test(
         click.echo("nothing to test: no fetched checkpoints (run `rootstock add ID` first)")
     if not report.ok:
         raise click.exceptions.Exit(1)
-
-
-@contextmanager
-def _snapshots(layout, dashboard, machine, push_every) -> Iterator:
-    """Yield a :class:`SnapshotPusher` for --push-every, or None without pushes.
-
-    Leaving on an exception (Ctrl-C) abandons a snapshot in flight instead of waiting.
-    """
-    if dashboard is None or not push_every:
-        yield None
-        return
-    from rootstock.cli.push_hooks import announce
-    from rootstock.ops.push import push_manifest
-    from rootstock.ops.snapshot_push import SnapshotPusher
-
-    seen: set[str] = set()
-    pusher = SnapshotPusher(
-        lambda: push_manifest(layout, [machine], dashboard),
-        on_report=lambda report: announce(report, "smoke-test --push-every", seen),
-        join_timeout=dashboard.policy.total_cap + 5.0,
-    )
-    with pusher:
-        yield pusher

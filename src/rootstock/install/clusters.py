@@ -13,6 +13,7 @@ TOML file named by ``$ROOTSTOCK_CLUSTERS_FILE``::
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,3 +168,25 @@ def clusters_for_root(root: Path) -> list[Cluster]:
 
 def _norm(path: Path) -> str:
     return os.path.realpath(os.path.expanduser(str(path)))
+
+
+def default_cluster_name() -> str:
+    """The host's short name: what a cluster is called when nobody says otherwise."""
+    return socket.gethostname().split(".")[0].lower() or "local"
+
+
+def suggest_cluster(root: Path) -> str:
+    """The cluster name to offer for ``root``: the manifest's, the registry's, or the host's.
+
+    ``init`` offers it at its prompt, and ``install`` names the manifest it creates
+    on a root that ``init`` never saw with it.
+    """
+    # Imported here: install/manifest imports this module at its top.
+    from rootstock.install.layout import InstallLayout
+    from rootstock.install.manifest import load_manifest
+
+    served = load_manifest(InstallLayout(root, root)).get("clusters") or []
+    if served:
+        return str(served[0])
+    registered = clusters_for_root(root)
+    return registered[0].name if registered else default_cluster_name()

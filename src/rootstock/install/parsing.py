@@ -27,6 +27,10 @@ from typing import Any
 
 # Deeper than any file of ours legitimately nests (the manifest reaches about 9).
 MAX_DEPTH = 64
+# setup() keywords (``--kwarg``, ``--setup-kwargs``) nest a level or two. The manifest
+# records them about 9 levels down and refuses files nested deeper than MAX_DEPTH, so
+# 32 leaves room on both sides.
+MAX_KWARG_DEPTH = 32
 
 
 class ParseProblem(ValueError):

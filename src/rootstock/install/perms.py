@@ -24,10 +24,12 @@ This module only decides what to run; ``ops/perms.py`` runs it and
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import os
 import shlex
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +89,22 @@ class PermRecipe:
         lines.append("umask 002")
         lines += [c.shell() for c in self.commands]
         return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def maintainer_umask() -> Iterator[None]:
+    """Force umask 002 so every file this process and its children create is
+    world-readable and group-writable, whatever the maintainer's own umask is.
+
+    It is the recipe's ``umask 002`` for the commands that write the install
+    (``init``, ``install``, ``add``, ``smoke-test``), so what they add keeps the
+    permissions ``setup-perms`` set.
+    """
+    previous = os.umask(0o002)
+    try:
+        yield
+    finally:
+        os.umask(previous)
 
 
 def dir_acl(group: str) -> str:

@@ -19,14 +19,13 @@ from rootstock.install.envfile import is_custom_id
 from rootstock.install.envs import resolve_checkpoint
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import (
+    Verification,
     load_manifest,
     record_fetch,
-    record_verification,
     resolve_cluster,
 )
-from rootstock.ops.checkpoints import build_snapshot
-from rootstock.ops.install import maintainer_umask
-from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, VerifyOutcome, run_verification
+from rootstock.install.perms import maintainer_umask
+from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, VerifyOutcome, verify_and_record
 
 DEFAULT_DOWNLOAD_TIMEOUT = 3600.0
 
@@ -41,25 +40,26 @@ class AddResult:
     downloaded: bool
     download_seconds: float | None
     verification: VerifyOutcome | None
-    record: dict[str, Any] | None
+    record: Verification | None
 
     @property
     def ok(self) -> bool:
+        """True unless a verification ran and its record is not ``verified``."""
         return self.record is None or self.record.get("state") == "verified"
 
     def to_dict(self) -> dict[str, Any]:
         """The ``add --json`` document (docs/checkpoints.md)."""
-        verification = self.verification
+        verification, record = self.verification, self.record
         return {
             "checkpoint": self.checkpoint,
             "env": self.env,
             "cluster": self.cluster,
             "downloaded": self.downloaded,
             "download_seconds": self.download_seconds,
-            "state": (self.record or {}).get("state", "fetched"),
+            "state": record.get("state", "fetched") if record else "fetched",
             "device": verification.device if verification else None,
             "seconds": verification.seconds if verification else None,
-            "message": (self.record or {}).get("message"),
+            "message": record.get("message") if record else None,
             "fingerprint": verification.fingerprint if verification else None,
             "checks": verification.checks if verification else None,
             "kwargs": verification.kwargs if verification else None,
@@ -121,20 +121,25 @@ def add(
                 checkpoint, env.name, machine, downloaded, download_seconds, None, None
             )
         step(f"{checkpoint}: verifying on {device} (offline)")
-        build, versions = build_snapshot(layout, env)
-        outcome = run_verification(
+        verified = verify_and_record(
             layout,
             env,
             checkpoint,
+            machine,
             device=device,
             kwargs=kwargs,
             timeout=verify_timeout,
-            versions=versions,
+            accept_drift=accept_drift,
         )
-        record = record_verification(
-            layout, env.name, checkpoint, machine, outcome.record(build), accept_drift=accept_drift
-        )
-    return AddResult(checkpoint, env.name, machine, downloaded, download_seconds, outcome, record)
+    return AddResult(
+        checkpoint,
+        env.name,
+        machine,
+        downloaded,
+        download_seconds,
+        verified.outcome,
+        verified.record,
+    )
 
 
 __all__ = ["AddResult", "RootstockError", "add", "fetch_checkpoint"]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rootstock.errors import RootstockError
+from rootstock.install.clusters import suggest_cluster
 from rootstock.install.config import config_path, load_config, save_config
 from rootstock.install.layout import (
     InstallLayout,
@@ -14,7 +15,7 @@ from rootstock.install.layout import (
     resolve_cache_root,
     write_layout,
 )
-from rootstock.ops.install import maintainer_umask
+from rootstock.install.perms import maintainer_umask
 
 # What marks a root as already in use: init must not overwrite any of it.
 _STATE_NAMES = ("layout.json", "manifest.json", "envs", "environments")
@@ -47,7 +48,8 @@ class InitResult:
     kept: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """The ``init --json`` document."""
         return {
             "root": str(self.root),
             "cache_root": str(self.cache_root),
@@ -57,23 +59,6 @@ class InitResult:
             "kept": self.kept,
             "notes": self.notes,
         }
-
-
-def default_cluster_name() -> str:
-    """The host's short name: what a cluster is called when nobody says otherwise."""
-    return socket.gethostname().split(".")[0].lower() or "local"
-
-
-def suggest_cluster(root: Path) -> str:
-    """The cluster name to offer: the manifest's, the registry's, or the host's."""
-    from rootstock.install.clusters import clusters_for_root
-    from rootstock.install.manifest import load_manifest
-
-    served = load_manifest(InstallLayout(root, root)).get("clusters") or []
-    if served:
-        return str(served[0])
-    registered = clusters_for_root(root)
-    return registered[0].name if registered else default_cluster_name()
 
 
 def is_populated(root: Path) -> bool:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from rootstock.errors import EnvFileError, EnvNotFound, LockTimeout, RootstockError
 from rootstock.install import Reporter
@@ -29,6 +28,7 @@ from rootstock.install.interpreters import (
 )
 from rootstock.install.layout import InstallLayout, read_layout, write_layout
 from rootstock.install.locking import FileLock
+from rootstock.install.perms import maintainer_umask
 from rootstock.install.plan import InstallPlan, plan_files
 
 
@@ -39,12 +39,13 @@ class InstallOutcome:
     name: str
     status: str  # "built", "unchanged" or "failed"
     env_dir: Path | None = None
-    interpreter: dict | None = None
-    versions: dict | None = None
+    interpreter: dict[str, Any] | None = None
+    versions: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     error: RootstockError | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """One entry of ``install --json``."""
         return {
             "name": self.name,
             "status": self.status,
@@ -54,17 +55,6 @@ class InstallOutcome:
             "notes": self.notes,
             "error": str(self.error) if self.error else None,
         }
-
-
-@contextlib.contextmanager
-def maintainer_umask() -> Iterator[None]:
-    """Force umask 002 so every file this process and its children create is
-    world-readable and group-writable, whatever the maintainer's own umask is."""
-    previous = os.umask(0o002)
-    try:
-        yield
-    finally:
-        os.umask(previous)
 
 
 def expand_targets(layout: InstallLayout | None, target: str) -> list[Path]:
@@ -197,8 +187,8 @@ def _prepare_root(layout: InstallLayout, cluster: str | None) -> None:
                 write_layout(layout.root, cache)
     if not layout.manifest_file.exists():
         # Every install has a manifest, even on a root that `init` never saw.
+        from rootstock.install.clusters import suggest_cluster
         from rootstock.install.manifest import ensure_manifest
-        from rootstock.ops.init import suggest_cluster
 
         ensure_manifest(layout, [cluster or suggest_cluster(layout.root)])
 
@@ -307,7 +297,7 @@ def _interpreter_for(
     return choice.interpreter, choice.notes
 
 
-def _record_build(layout: InstallLayout, name: str, metadata: dict) -> None:
+def _record_build(layout: InstallLayout, name: str, metadata: dict[str, Any]) -> None:
     from rootstock.install.manifest import record_env_build
 
     versions = metadata.get("versions") or {}

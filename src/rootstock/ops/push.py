@@ -156,7 +156,7 @@ class PushReport:
 
 def manifest_payloads(
     layout: InstallLayout, clusters: Iterable[str] | None = None, manifest: Manifest | None = None
-) -> dict[str, dict[str, Any]]:
+) -> dict[str, Manifest]:
     """One payload per cluster: its view of the manifest, with live source hashes.
 
     ``clusters`` defaults to every cluster the install serves. The local manifest
@@ -169,7 +169,7 @@ def manifest_payloads(
         else served_clusters(layout, data)
     )
     live = live_source_hashes(layout, data)
-    payloads = {}
+    payloads: dict[str, Manifest] = {}
     for name in names:
         view = cluster_view(data, name)
         for env_name, env in view.get("envs", {}).items():

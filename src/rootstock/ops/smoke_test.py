@@ -13,24 +13,25 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from rootstock.errors import UsageError
+from rootstock.install.envfile import EnvFile
 from rootstock.install.envs import scan_installed_envs
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import load_manifest, record_verification, resolve_cluster
+from rootstock.install.perms import maintainer_umask
 from rootstock.ops.checkpoints import (
     broken_build,
     broken_checkpoints,
-    build_snapshot,
     check_selection,
     fetched_checkpoints,
 )
-from rootstock.ops.install import maintainer_umask
-from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, run_verification
+from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, verify_and_record
 
 
 @dataclass
@@ -48,6 +49,7 @@ class SmokeResult:
 
     @property
     def passed(self) -> bool:
+        """True when the re-verification was recorded as ``verified``."""
         return self.state == "verified"
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,9 +74,11 @@ class SmokeReport:
 
     @property
     def ok(self) -> bool:
+        """True when every checkpoint tested passed (and when none was tested)."""
         return all(r.passed for r in self.results)
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``smoke-test --json`` document (docs/automated-testing.md)."""
         counts: dict[str, int] = {}
         for result in self.results:
             counts[result.state] = counts.get(result.state, 0) + 1
@@ -131,29 +135,30 @@ def smoke_test(
         slots.put(slot)
     report_lock = threading.Lock()
 
-    def verify_one(item) -> None:
-        env_file, checkpoint_id = item
+    @contextmanager
+    def lend_slot() -> Iterator[str]:
         slot = slots.get()
         try:
-            build, versions = build_snapshot(layout, env_file)
-            outcome = run_verification(
-                layout,
-                env_file,
-                checkpoint_id,
-                device=slot,
-                kwargs=None,
-                timeout=verify_timeout,
-                versions=versions,
-            )
+            yield slot
         finally:
             slots.put(slot)
-        record = record_verification(
-            layout, env_file.name, checkpoint_id, machine, outcome.record(build)
+
+    def verify_one(item: tuple[EnvFile, str]) -> None:
+        env_file, checkpoint_id = item
+        verified = verify_and_record(
+            layout,
+            env_file,
+            checkpoint_id,
+            machine,
+            device=lend_slot,
+            kwargs=None,
+            timeout=verify_timeout,
         )
+        outcome, record = verified.outcome, verified.record
         result = SmokeResult(
             env_file.name,
             checkpoint_id,
-            slot,
+            outcome.device,
             record["state"],
             outcome.seconds,
             record.get("message"),

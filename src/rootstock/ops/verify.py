@@ -12,14 +12,28 @@ that silently changes the physics shows up as *drifted*.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rootstock.errors import RootstockError, WorkerDiedError, WorkerError
 from rootstock.install.envfile import EnvFile
 from rootstock.install.layout import InstallLayout
-from rootstock.install.manifest import device_kind
+from rootstock.install.manifest import (
+    Fingerprint,
+    Verification,
+    device_kind,
+    record_verification,
+)
 from rootstock.install.usage import entry_point
+from rootstock.ops.checkpoints import build_snapshot
+
+if TYPE_CHECKING:
+    import numpy as np
+    from ase import Atoms
+
+    from rootstock.runtime.calculator import RootstockCalculator
 
 DEFAULT_VERIFY_TIMEOUT = 600.0
 
@@ -56,7 +70,7 @@ def default_reference() -> dict[str, Any]:
     }
 
 
-def reference_atoms(env: EnvFile):
+def reference_atoms(env: EnvFile) -> Atoms:
     """The env's ``VERIFY_STRUCTURE`` as ASE Atoms, or the built-in reference."""
     from ase import Atoms
 
@@ -78,7 +92,7 @@ class VerifyOutcome:
     device: str
     passed: bool
     seconds: float
-    fingerprint: dict[str, Any] | None = None
+    fingerprint: Fingerprint | None = None
     message: str | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     # The physics checks (ConsistencyReport.to_dict() plus "seconds"); None when the
@@ -170,8 +184,60 @@ def run_verification(
     return outcome
 
 
+DeviceLease = Callable[[], AbstractContextManager[str]]
+"""Lends a device for one verification and takes it back (``smoke-test --jobs``'s slots)."""
+
+
+@dataclass
+class RecordedVerification:
+    """One verification and the manifest record it became."""
+
+    outcome: VerifyOutcome
+    record: Verification
+
+
+def verify_and_record(
+    layout: InstallLayout,
+    env: EnvFile,
+    checkpoint: str,
+    cluster: str,
+    *,
+    device: str | DeviceLease,
+    kwargs: dict[str, Any] | None = None,
+    timeout: float = DEFAULT_VERIFY_TIMEOUT,
+    accept_drift: bool = False,
+) -> RecordedVerification:
+    """Verify ``checkpoint`` (:func:`run_verification`) and record it for ``cluster``.
+
+    The build recorded is the one the worker runs, captured before it starts, and the
+    manifest then judges the outcome: ``verified``, ``failed`` or ``drifted`` against
+    the reference fingerprint for these kwargs (``accept_drift`` makes this pass the
+    reference). ``add`` and ``smoke-test`` both verify through here.
+
+    ``device`` is a device string, or a :data:`DeviceLease` that lends one: the
+    device is held while the worker runs and given back before the manifest write,
+    so a ``--jobs`` pool never keeps a GPU idle waiting on the manifest lock.
+    """
+    lease = nullcontext(device) if isinstance(device, str) else device()
+    with lease as slot:
+        build, versions = build_snapshot(layout, env)
+        outcome = run_verification(
+            layout,
+            env,
+            checkpoint,
+            device=slot,
+            kwargs=kwargs,
+            timeout=timeout,
+            versions=versions,
+        )
+    record = record_verification(
+        layout, env.name, checkpoint, cluster, outcome.record(build), accept_drift=accept_drift
+    )
+    return RecordedVerification(outcome, record)
+
+
 def _check_physics(
-    atoms, calc, env: EnvFile, checkpoint: str, device: str
+    atoms: Atoms, calc: RootstockCalculator, env: EnvFile, checkpoint: str, device: str
 ) -> tuple[dict[str, Any] | None, str | None]:
     """Run the consistency check on the live calculator: ``(checks, problem)``.
 
@@ -213,10 +279,12 @@ def _check_physics(
     return checks, message
 
 
-def _check_result(energy, forces, stress, natoms: int) -> list[str]:
+def _check_result(
+    energy: float, forces: np.ndarray, stress: np.ndarray | None, natoms: int
+) -> list[str]:
     import numpy as np
 
-    problems = []
+    problems: list[str] = []
     if not np.isfinite(energy):
         problems.append(f"energy is not finite ({energy})")
     if forces.shape != (natoms, 3):

@@ -1,14 +1,16 @@
-"""``--kwarg K=V`` parsing, shared by add and serve."""
+"""``--kwarg K=V`` parsing, shared by add and serve.
+
+It turns command-line text into the ``setup()`` keywords that the ops take, so it
+lives with the other parsing of the CLI. The depth bound is
+:data:`rootstock.install.parsing.MAX_KWARG_DEPTH`, shared with ``--setup-kwargs``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rootstock.errors import UsageError
-
-# setup() keywords nest a level or two. The manifest records them about 9 levels
-# down and refuses files nested deeper than 64, so 32 leaves room on both sides.
-MAX_KWARG_DEPTH = 32
+from rootstock.install.parsing import MAX_KWARG_DEPTH
 
 _EXAMPLE = "e.g. --kwarg task=omat or --kwarg 'heads=[\"omat\"]'"
 
