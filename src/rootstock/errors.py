@@ -143,15 +143,19 @@ class WorkerError(RootstockError):
 
 
 class WorkerDiedError(WorkerError):
-    """The worker process exited while we were waiting on it."""
+    """The worker process exited while we were waiting on it.
 
-    def __init__(self, message: str, exit_code: int | None, output_tail: str = "") -> None:
+    ``worker_exit_code`` is the worker's own exit status (negative: the signal that
+    killed it, None: unknown); the CLI still exits with the class's ``exit_code``.
+    """
+
+    def __init__(self, message: str, worker_exit_code: int | None, output_tail: str = "") -> None:
         super().__init__(message, hint="the next calculation starts a fresh worker")
-        self.exit_code = exit_code
+        self.worker_exit_code = worker_exit_code
         self.output_tail = output_tail
 
     def __str__(self) -> str:
-        text = f"{self.message} (exit code {self.exit_code})"
+        text = f"{self.message} (exit code {self.worker_exit_code})"
         if self.output_tail:
             text += "\n--- worker output (tail) ---\n" + self.output_tail.rstrip()
         return text

@@ -122,8 +122,10 @@ def test_a_client_killed_before_its_worker_connects_leaves_no_worker(fake_built_
         import os, signal
         from rootstock.install.layout import resolve_layout
         from rootstock.runtime.spawn import spawn_worker
+        from rootstock.runtime.spec import WorkerSpec
         layout = resolve_layout({str(fake_built_root)!r}, None, None)
-        worker = spawn_worker(layout, "emt", checkpoint="emt", device="cpu",
+        spec = WorkerSpec(layout, "emt", "emt", device="cpu")
+        worker = spawn_worker(spec,
                               socket_path={str(tmp_path / "nobody-listens.sock")!r},
                               output={str(tmp_path / "worker.log")!r}, connect_timeout=120)
         print(worker.pid, flush=True)

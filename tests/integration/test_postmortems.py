@@ -51,7 +51,7 @@ def test_a_segfault_in_setup_is_reported_as_loading_the_model(malformed_root: Pa
         with pytest.raises(WorkerDiedError) as caught:
             atoms.get_potential_energy()
     err = caught.value
-    assert err.exit_code == -signal.SIGSEGV
+    assert err.worker_exit_code == -signal.SIGSEGV
     assert "while starting up and loading the model (setup)" in err.message
     assert "during a calculation" not in err.message
     assert "Segmentation fault" in err.output_tail  # faulthandler's dump, with the frames
@@ -75,7 +75,7 @@ def test_a_worker_rootstock_killed_itself_is_not_blamed_on_the_oom_killer(malfor
         assert "out-of-memory" not in str(err)
         assert "rootstock killed it" in err.message
         assert "during a calculation" in err.message
-        assert err.exit_code == -signal.SIGKILL
+        assert err.worker_exit_code == -signal.SIGKILL
         assert not is_running(pid)
         del atoms.info["malformed"]
         ref = atoms.copy()

@@ -62,7 +62,7 @@ def test_kill_9_mid_calculation_raises_worker_died_then_recovers(fake_built_root
         killer.join()
         assert time.monotonic() - started < 30
         err = caught.value
-        assert err.exit_code == -signal.SIGKILL
+        assert err.worker_exit_code == -signal.SIGKILL
         assert "SIGKILL" in str(err)
         assert calc.worker_pid is None
         del atoms.info["sleep"]
@@ -320,5 +320,5 @@ def test_a_worker_that_dies_before_connecting_is_reported(tmp_path):
         atoms.calc = calc
         with pytest.raises(rootstock.WorkerDiedError) as caught:
             atoms.get_potential_energy()
-    assert caught.value.exit_code == 7
+    assert caught.value.worker_exit_code == 7
     assert "the env interpreter is broken" in caught.value.output_tail

@@ -14,6 +14,7 @@ import pytest
 from rootstock.errors import WorkerTimeout
 from rootstock.install.layout import InstallLayout
 from rootstock.runtime import server, spawn
+from rootstock.runtime.spec import WorkerSpec
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,19 +110,32 @@ def test_token_is_exported_under_both_names(layout, user):
     assert env["HF_TOKEN"] == env["HUGGING_FACE_HUB_TOKEN"] == "hf_secret"
 
 
-def test_worker_command_uses_the_env_python_isolated(tmp_path):
-    argv = spawn.worker_command(
-        tmp_path / "python",
-        env_source=tmp_path / "env_source.py",
-        checkpoint="emt",
-        socket_path="/s",
-        mode="calculator",
-        device="cpu",
-        setup_kwargs={"a": 1},
-    )
-    assert argv[0] == str(tmp_path / "python")
+def test_worker_command_uses_the_env_python_isolated(layout):
+    spec = WorkerSpec(layout, "emt", "emt", device="cpu", setup_kwargs={"a": 1})
+    argv = spawn.worker_command(spec, socket_path="/s", mode="calculator")
+    assert argv[0] == str(layout.env_python("emt"))
     assert argv[1:7] == ["-I", "-u", "-X", "faulthandler", "-m", "rootstock.worker"]
     assert argv[argv.index("--kwargs") + 1] == '{"a": 1}'
+
+
+def test_worker_command_carries_every_field_of_the_spec(layout, tmp_path):
+    spec = WorkerSpec(layout, "mace:custom", "mace", device="cuda:1", weights=tmp_path / "my.model")
+    argv = spawn.worker_command(
+        spec, socket_path="/s", mode="serve", structure=tmp_path / "x.xyz", connect_timeout=5.0
+    )
+
+    def value(flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert value("--env-source") == str(layout.env_source("mace"))
+    assert value("--checkpoint") == "mace:custom"
+    assert value("--device") == "cuda:1"
+    assert value("--kwargs") == "{}"
+    assert value("--weights") == str(tmp_path / "my.model")
+    assert value("--mode") == "serve"
+    assert value("--structure") == str(tmp_path / "x.xyz")
+    assert value("--connect-timeout") == "5.0"
+    assert "--debug" not in argv
 
 
 # --- private socket directory ----------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from rootstock.cli.common import emit_json, progress, root_options
@@ -56,19 +58,19 @@ from rootstock.cli.options import CALLS, DEVICE, SETUP_KWARGS, WARMUP, timeout_s
 @root_options
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def benchmark(
-    checkpoints,
-    device,
-    system,
-    calls,
-    warmup,
-    setup_kwargs,
-    weights,
-    timeout,
-    root,
-    cluster,
-    cache_root,
-    as_json,
-):
+    checkpoints: tuple[str, ...],
+    device: str,
+    system: str,
+    calls: int,
+    warmup: int,
+    setup_kwargs: dict[str, Any] | None,
+    weights: str | None,
+    timeout: float,
+    root: str | None,
+    cluster: str | None,
+    cache_root: str | None,
+    as_json: bool,
+) -> None:
     """Time the worker boundary: each CHECKPOINT through RootstockCalculator and in its env.
 
     The same seeded random walk (every atom moves 0.005 Å per call, seed 42) runs
@@ -77,19 +79,18 @@ def benchmark(
     start-up (first call) and how far the two runs' energies differ.
     """
     from rootstock.ops.benchmark import benchmark as run_benchmark
+    from rootstock.runtime.spec import WorkerOptions
 
+    options = WorkerOptions(
+        root, cluster, cache_root, device=device, setup_kwargs=setup_kwargs, weights=weights
+    )
     with progress(enabled=not as_json) as step:
         report = run_benchmark(
             list(checkpoints),
-            root=root,
-            cluster=cluster,
-            cache_root=cache_root,
-            device=device,
+            options,
             system=system,
             calls=calls,
             warmup=warmup,
-            setup_kwargs=setup_kwargs,
-            weights=weights,
             timeout=timeout,
             step=step,
         )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from rootstock.cli.common import root_options
+from rootstock.cli.kwargs import parse_kwargs
 from rootstock.cli.options import DEVICE, timeout_seconds
-from rootstock.ops.kwargs import parse_kwargs
 
 
 @click.command()
@@ -41,17 +41,17 @@ from rootstock.ops.kwargs import parse_kwargs
 )
 @root_options
 def serve(
-    checkpoint,
-    socket_path,
-    device,
-    kwarg_pairs,
-    weights,
-    structure,
-    connect_timeout,
-    root,
-    cluster,
-    cache_root,
-):
+    checkpoint: str,
+    socket_path: str,
+    device: str,
+    kwarg_pairs: tuple[str, ...],
+    weights: str | None,
+    structure: str | None,
+    connect_timeout: float,
+    root: str | None,
+    cluster: str | None,
+    cache_root: str | None,
+) -> None:
     """Serve CHECKPOINT to an i-PI server (ASE's SocketIOCalculator, i-PI, ...).
 
     The worker connects to --socket as a standard i-PI client, retrying until the
@@ -59,6 +59,7 @@ def serve(
     """
     from rootstock.cli.common import warn
     from rootstock.ops.serve import serve as run_serve
+    from rootstock.runtime.spec import WorkerOptions
 
     setup_kwargs = parse_kwargs(kwarg_pairs) or {}
     if structure is None:
@@ -67,16 +68,10 @@ def serve(
             "calculation will fail unless the server speaks rootstock's dialect"
         )
 
+    options = WorkerOptions(
+        root, cluster, cache_root, device=device, setup_kwargs=setup_kwargs, weights=weights
+    )
     result = run_serve(
-        checkpoint,
-        socket_path,
-        root=root,
-        cluster=cluster,
-        cache_root=cache_root,
-        device=device,
-        setup_kwargs=setup_kwargs,
-        weights=weights,
-        structure=structure,
-        connect_timeout=connect_timeout,
+        checkpoint, socket_path, options, structure=structure, connect_timeout=connect_timeout
     )
     click.echo(f"served {result.checkpoint} (env {result.env_name}) on {result.socket}", err=True)

@@ -33,7 +33,7 @@ from rootstock.ops.benchmark_probe import WALK_SEED, WALK_STEP, one_call, walk
 from rootstock.ops.benchmark_system import BenchmarkSystem, parse_setup_kwargs, parse_system
 from rootstock.ops.checkpoints import require_fetched
 from rootstock.runtime.session import FORWARDED_ARRAYS
-from rootstock.runtime.spec import WorkerSpec, resolve_worker_spec
+from rootstock.runtime.spec import WorkerOptions, WorkerSpec, resolve_worker_spec
 
 DEFAULT_SYSTEM = "Cu:256"
 DEFAULT_CALLS = 100
@@ -271,32 +271,15 @@ def time_in_env(
 # --- the operation -----------------------------------------------------------------------
 
 
-def resolve_benchmarked(
-    checkpoint: str,
-    *,
-    root: str | os.PathLike | None,
-    cluster: str | None,
-    cache_root: str | os.PathLike | None,
-    device: str,
-    setup_kwargs: dict[str, Any] | None,
-    weights: str | os.PathLike | None,
-) -> WorkerSpec:
+def resolve_benchmarked(checkpoint: str, options: WorkerOptions) -> WorkerSpec:
     """The worker spec for one id: declared (else exit 2) and fetched (else exit 1).
 
-    Without ``setup_kwargs`` the env's ``VERIFY_KWARGS`` entry applies, as in ``add``.
-    A ``:custom`` id with weights needs no fetch.
+    Without ``options.setup_kwargs`` the env's ``VERIFY_KWARGS`` entry applies, as in
+    ``add``. A ``:custom`` id with weights needs no fetch.
     """
-    spec = resolve_worker_spec(
-        checkpoint,
-        root=root,
-        cluster=cluster,
-        cache_root=cache_root,
-        device=device,
-        setup_kwargs=setup_kwargs,
-        weights=weights,
-    )
+    spec = resolve_worker_spec(checkpoint, options)
     env = load_installed_env(spec.layout, spec.env_name)
-    if setup_kwargs is None and env.verify_kwargs.get(checkpoint):
+    if options.setup_kwargs is None and env.verify_kwargs.get(checkpoint):
         spec = dataclasses.replace(spec, setup_kwargs=dict(env.verify_kwargs[checkpoint]))
     if spec.weights is None:
         require_fetched(spec.layout, spec.env_name, checkpoint)
@@ -305,20 +288,15 @@ def resolve_benchmarked(
 
 def benchmark(
     checkpoints: list[str],
+    options: WorkerOptions,
     *,
-    root: str | os.PathLike | None = None,
-    cluster: str | None = None,
-    cache_root: str | os.PathLike | None = None,
-    device: str = "cuda",
     system: str = DEFAULT_SYSTEM,
     calls: int = DEFAULT_CALLS,
     warmup: int = DEFAULT_WARMUP,
-    setup_kwargs: dict[str, Any] | None = None,
-    weights: str | os.PathLike | None = None,
     timeout: float = DEFAULT_TIMEOUT,
     step: Reporter = lambda _msg: None,
 ) -> BenchmarkReport:
-    """Benchmark every checkpoint; every id is checked before anything runs.
+    """Benchmark every checkpoint with ``options``; every id is checked before anything runs.
 
     ``timeout`` bounds each step of the calculator run (start-up, any one call) and
     the whole in-env run.
@@ -332,18 +310,8 @@ def benchmark(
     if not timeout > 0:
         raise UsageError("--timeout must be a positive number of seconds")
     built = parse_system(system)
-    specs = [
-        resolve_benchmarked(
-            checkpoint,
-            root=root,
-            cluster=cluster,
-            cache_root=cache_root,
-            device=device,
-            setup_kwargs=setup_kwargs,
-            weights=weights,
-        )
-        for checkpoint in checkpoints
-    ]
+    specs = [resolve_benchmarked(checkpoint, options) for checkpoint in checkpoints]
+    device = options.device
     results = []
     for spec in specs:
         step(f"{spec.checkpoint}: {built.natoms} atoms through RootstockCalculator on {device}")

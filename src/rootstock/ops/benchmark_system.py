@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rootstock.errors import UsageError
-from rootstock.install.parsing import ParseProblem, loads_json
-from rootstock.ops.kwargs import MAX_KWARG_DEPTH
+from rootstock.install.parsing import MAX_KWARG_DEPTH, ParseProblem, loads_json
 
 MAX_ATOMS = 1_000_000
 MOLECULE_VACUUM = 10.0  # Å around a molecule, for models that need a cell
@@ -108,7 +107,10 @@ def bulk_system(text: str, element: str, count_text: str) -> BenchmarkSystem:
             f"El:N takes an element whose reference crystal is fcc, bcc, sc or diamond "
             f"({', '.join(cubic[:12])}, ...), or pass a molecule name",
         )
-    a = float(state["a"])
+    lattice = state.get("a")
+    if not isinstance(lattice, int | float):  # ASE gives every cubic state one; a guard
+        raise _bad_system(text, f"ASE's reference state of {element} has no lattice constant")
+    a = float(lattice)
     n = smallest_cubic_repeat(CUBIC_ATOMS_PER_CELL[structure], count)
     atoms = bulk(element, structure, a=a, cubic=True) * (n, n, n)
     return BenchmarkSystem(text, "bulk", atoms, structure, a, n)

@@ -11,7 +11,8 @@ import contextlib
 import os
 import signal
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from rootstock.install.usage import start_session_usage
 from rootstock.names import device_name
 from rootstock.runtime.session import describe_exit
 from rootstock.runtime.spawn import spawn_worker
-from rootstock.runtime.spec import resolve_worker_spec
+from rootstock.runtime.spec import WorkerOptions, resolve_worker_spec
 
 # Linux's sockaddr_un.sun_path is 108 bytes, the last of them the terminating NUL;
 # connect() on a longer path fails inside the worker, after the model is loaded.
@@ -40,35 +41,23 @@ class ServeResult:
 
 def serve(
     checkpoint: str,
-    socket_path: str | os.PathLike,
+    socket_path: str | os.PathLike[str],
+    options: WorkerOptions,
     *,
-    root: str | os.PathLike | None = None,
-    cluster: str | None = None,
-    cache_root: str | os.PathLike | None = None,
-    device: str = "cuda",
-    setup_kwargs: dict[str, Any] | None = None,
-    weights: str | os.PathLike | None = None,
-    structure: str | os.PathLike | None = None,
+    structure: str | os.PathLike[str] | None = None,
     connect_timeout: float | None = None,
 ) -> ServeResult:
     """Serve ``checkpoint`` on ``socket_path`` until the server finishes.
 
-    The worker's output goes to stderr (or ``$ROOTSTOCK_WORKER_LOG``). Raises
+    ``options`` says where the install is and how to run the model. The worker's
+    output goes to stderr (or ``$ROOTSTOCK_WORKER_LOG``). Raises
     :class:`WorkerError` when the worker ends with a non-zero status; a device
     string or socket path that can never work is a :class:`UsageError` before the
     install is read or anything is started.
     """
-    device = device_name(device)
+    device = device_name(options.device)
     socket_file = check_socket_path(socket_path)
-    spec = resolve_worker_spec(
-        checkpoint,
-        root=root,
-        cluster=cluster,
-        cache_root=cache_root,
-        device=device,
-        setup_kwargs=setup_kwargs,
-        weights=weights,
-    )
+    spec = resolve_worker_spec(checkpoint, replace(options, device=device))
     if not socket_file.parent.is_dir():
         raise UsageError(
             f"the socket's directory {socket_file.parent} does not exist",
@@ -80,14 +69,9 @@ def serve(
         if not structure_file.is_file():
             raise UsageError(f"structure file {structure_file} does not exist")
     process = spawn_worker(
-        spec.layout,
-        spec.env_name,
-        checkpoint=spec.checkpoint,
+        spec,
         socket_path=socket_file,
         mode="serve",
-        device=spec.device,
-        setup_kwargs=spec.setup_kwargs,
-        weights=spec.weights,
         structure=structure_file,
         output="stderr",
         connect_timeout=connect_timeout,
@@ -119,7 +103,7 @@ def serve(
     return ServeResult(checkpoint, spec.env_name, str(socket_file), process.pid, code)
 
 
-def check_socket_path(socket_path: str | os.PathLike) -> Path:
+def check_socket_path(socket_path: str | os.PathLike[str]) -> Path:
     """``socket_path`` made absolute, if a Unix socket can have that address.
 
     The worker connects to the absolute path, so that is what must fit in
@@ -147,7 +131,7 @@ def check_socket_path(socket_path: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
-def _forward_sigterm(pid: int):
+def _forward_sigterm(pid: int) -> Iterator[None]:
     """While serving, a SIGTERM (scheduler, timeout) also reaches the worker's group."""
     if threading.current_thread() is not threading.main_thread():
         yield

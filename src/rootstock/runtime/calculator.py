@@ -22,7 +22,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 from rootstock.errors import ProtocolError, UsageError, WorkerError
 from rootstock.runtime.protocol import EXTRA_PROPERTIES, ForceReply, extra_array
 from rootstock.runtime.session import WorkerSession
-from rootstock.runtime.spec import WorkerSpec, resolve_worker_spec
+from rootstock.runtime.spec import WorkerOptions, WorkerSpec, resolve_worker_spec
 
 log = logging.getLogger("rootstock.calculator")
 
@@ -108,31 +108,27 @@ class RootstockCalculator(Calculator):
         None before the first calculation.
     """
 
-    implemented_properties: tuple[str, ...] = BASE_PROPERTIES
+    # A tuple, which ASE only iterates and searches: no caller can change the base
+    # every instance starts from in place.
+    implemented_properties: tuple[str, ...] = BASE_PROPERTIES  # type: ignore[assignment]  # ASE annotates list[str]
     name = "rootstock"
 
     def __init__(
         self,
         checkpoint: str,
-        root: str | os.PathLike | None = None,
+        root: str | os.PathLike[str] | None = None,
         cluster: str | None = None,
-        cache_root: str | os.PathLike | None = None,
+        cache_root: str | os.PathLike[str] | None = None,
         device: str = "cuda",
         setup_kwargs: dict[str, Any] | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
-        weights: str | os.PathLike | None = None,
+        weights: str | os.PathLike[str] | None = None,
         allow_nonfinite: bool = False,
     ) -> None:
-        spec = resolve_worker_spec(
-            checkpoint,
-            root=root,
-            cluster=cluster,
-            cache_root=cache_root,
-            device=device,
-            setup_kwargs=setup_kwargs,
-            weights=weights,
+        options = WorkerOptions(
+            root, cluster, cache_root, device=device, setup_kwargs=setup_kwargs, weights=weights
         )
-        self._bind(spec, timeout, allow_nonfinite)
+        self._bind(resolve_worker_spec(checkpoint, options), timeout, allow_nonfinite)
 
     @classmethod
     def from_spec(

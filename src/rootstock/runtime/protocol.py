@@ -249,7 +249,7 @@ def encode_forceready(
         raise ValueError(f"a virial of shape {v.shape} cannot be sent; expected (3, 3)")
     v = np.ascontiguousarray(v.T / HARTREE)
     return b"".join(
-        (
+        (  # type: ignore[arg-type]  # ndarray is a buffer; numpy types __buffer__ for 3.12+ only
             FORCEREADY,
             _F64_INT32.pack(float(energy) / HARTREE, len(f)),
             np.ascontiguousarray(f),
@@ -329,7 +329,7 @@ class FrameStream:
             self._start, self._end = 0, avail
         while self._end - self._start < n:
             try:
-                got = self.sock.recv_into(self._buf[self._end :])
+                got = self.sock.recv_into(self._buf[self._end :])  # type: ignore[arg-type]  # ndarray is a buffer; numpy types __buffer__ for 3.12+ only
             except TimeoutError:
                 self._waited()
                 continue
@@ -355,11 +355,11 @@ class FrameStream:
         return self._buf[offset : offset + n].tobytes()
 
     def read_int32(self) -> int:
-        return _INT32.unpack_from(self._buf, self._take(4))[0]
+        return _INT32.unpack_from(self._buf, self._take(4))[0]  # type: ignore[arg-type]  # ndarray is a buffer; numpy types __buffer__ for 3.12+ only
 
     def read_struct(self, layout: struct.Struct) -> tuple[Any, ...]:
         """One fixed-size record, unpacked."""
-        return layout.unpack_from(self._buf, self._take(layout.size))
+        return layout.unpack_from(self._buf, self._take(layout.size))  # type: ignore[arg-type]  # ndarray is a buffer; numpy types __buffer__ for 3.12+ only
 
     def read_float64s(self, count: int, scale: float | None = None) -> np.ndarray:
         """``count`` float64 values (times ``scale``) as a fresh array, never a view."""

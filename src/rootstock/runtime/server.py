@@ -140,7 +140,7 @@ def owner_is_gone(record: object) -> bool:
 
 def sweep_dead_run_dirs(base: Path) -> list[Path]:
     """Remove our run directories in ``base`` whose owner is gone; the ones removed."""
-    removed = []
+    removed: list[Path] = []
     try:
         names = [n for n in os.listdir(base) if n.startswith(RUN_DIR_PREFIX)]
     except OSError:

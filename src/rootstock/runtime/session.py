@@ -114,14 +114,9 @@ class WorkerSession:
         listener = WorkerListener()
         try:
             process = spawn_worker(
-                spec.layout,
-                spec.env_name,
-                checkpoint=spec.checkpoint,
+                spec,
                 socket_path=listener.path,
                 mode="calculator",
-                device=spec.device,
-                setup_kwargs=spec.setup_kwargs,
-                weights=spec.weights,
                 offline=self.offline,
                 run_dir=listener.run_dir,
             )
@@ -182,7 +177,7 @@ class WorkerSession:
         return WorkerDiedError(
             f"the worker for {self.spec.checkpoint!r} (env {self.spec.env_name}, pid {pid}) "
             f"{outcome} {when}",
-            exit_code=code,
+            worker_exit_code=code,
             output_tail=tail,
         )
 
@@ -249,7 +244,9 @@ class WorkerSession:
                 remote_traceback=reply.traceback,
                 hint=self._error_hint(reply),
             )
-        self.usage.force_calls += 1
+        # None marks a serve session, whose calls rootstock never sees: not this one.
+        if self.usage.force_calls is not None:
+            self.usage.force_calls += 1
         return reply
 
     def _error_message(self, reply: ErrorReply) -> str:

@@ -33,6 +33,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from rootstock.runtime.server import can_create_files, is_private_dir, make_priv
 
 if TYPE_CHECKING:
     from rootstock.install.layout import InstallLayout
+    from rootstock.runtime.spec import WorkerSpec
 
 log = logging.getLogger("rootstock.runtime")
 
@@ -82,10 +84,9 @@ COMPILER_CACHE_VARS = {
 HF_TOKEN_FILES = ("~/.hf_token", "~/.cache/huggingface/token")
 
 
-def real_home(environ: dict[str, str] | None = None) -> Path:
+def real_home(environ: Mapping[str, str] | None = None) -> Path:
     """The calling user's own home (before any redirection)."""
-    environ = os.environ if environ is None else environ
-    home = environ.get("HOME")
+    home = (os.environ if environ is None else environ).get("HOME")
     if home:
         return Path(home)
     return Path(pwd.getpwuid(os.getuid()).pw_dir)
@@ -320,22 +321,20 @@ def _open_output(
 
 
 def worker_command(
-    python: Path,
+    spec: WorkerSpec,
     *,
-    env_source: Path,
-    checkpoint: str,
     socket_path: Path | str,
     mode: str,
-    device: str,
-    setup_kwargs: dict[str, Any] | None = None,
-    weights: Path | None = None,
     structure: Path | None = None,
     connect_timeout: float | None = None,
     debug: bool = False,
 ) -> list[str]:
-    """The worker's argv. ``-I`` keeps the caller's cwd and PYTHON* settings out."""
+    """The argv of a worker for ``spec``, run by its env's interpreter.
+
+    ``-I`` keeps the caller's cwd and PYTHON* settings out.
+    """
     argv = [
-        str(python),
+        str(spec.python),
         "-I",
         "-u",
         "-X",
@@ -343,20 +342,20 @@ def worker_command(
         "-m",
         WORKER_MODULE,
         "--env-source",
-        str(env_source),
+        str(spec.env_source),
         "--checkpoint",
-        checkpoint,
+        spec.checkpoint,
         "--socket",
         str(socket_path),
         "--mode",
         mode,
         "--device",
-        device,
+        spec.device,
         "--kwargs",
-        json.dumps(setup_kwargs or {}),
+        json.dumps(spec.setup_kwargs or {}),
     ]
-    if weights is not None:
-        argv += ["--weights", str(weights)]
+    if spec.weights is not None:
+        argv += ["--weights", str(spec.weights)]
     if structure is not None:
         argv += ["--structure", str(structure)]
     if connect_timeout is not None:
@@ -367,22 +366,17 @@ def worker_command(
 
 
 def spawn_worker(
-    layout: InstallLayout,
-    env_name: str,
+    spec: WorkerSpec,
     *,
-    checkpoint: str,
     socket_path: Path | str,
     mode: str = "calculator",
-    device: str = "cuda",
-    setup_kwargs: dict[str, Any] | None = None,
-    weights: Path | None = None,
     structure: Path | None = None,
     offline: bool = True,
     output: str | None = None,
     run_dir: Path | None = None,
     connect_timeout: float | None = None,
 ) -> WorkerProcess:
-    """Start ``python -m rootstock.worker`` for ``env_name`` in its own process group.
+    """Start ``python -m rootstock.worker`` for ``spec`` in its own process group.
 
     ``mode`` is ``calculator`` (rootstock dialect, errors come back in-band) or
     ``serve`` (standard i-PI client for an external driver). ``output`` is
@@ -393,7 +387,8 @@ def spawn_worker(
     The worker gets a lifeline: it exits on its own once this process is gone, and
     :meth:`WorkerProcess.stop` or :meth:`WorkerProcess.cleanup` cut it.
     """
-    python = layout.env_python(env_name)
+    layout, env_name = spec.layout, spec.env_name
+    python = spec.python
     if not python.exists():
         raise EnvNotFound(
             f"env {env_name!r} has no interpreter at {python}",
@@ -402,14 +397,9 @@ def spawn_worker(
     target = os.environ.get(WORKER_LOG_ENV) or output or "capture"
     lifeline = Lifeline()
     argv = worker_command(
-        python,
-        env_source=layout.env_source(env_name),
-        checkpoint=checkpoint,
+        spec,
         socket_path=socket_path,
         mode=mode,
-        device=device,
-        setup_kwargs=setup_kwargs,
-        weights=weights,
         structure=structure,
         connect_timeout=connect_timeout,
         debug=logging.getLogger("rootstock.wire").isEnabledFor(logging.DEBUG),
@@ -466,17 +456,21 @@ def run_download(
     ``download()`` (or ``setup()``) fails, or when it runs past ``timeout``.
     """
     from rootstock.errors import WorkerError
+    from rootstock.runtime.spec import WorkerSpec
 
+    spec = WorkerSpec(
+        layout=layout,
+        checkpoint=checkpoint,
+        env_name=env_name,
+        device="cpu",
+        setup_kwargs=setup_kwargs or {},
+    )
     run_dir = make_private_dir("rootstock-fetch-")
     try:
         process = spawn_worker(
-            layout,
-            env_name,
-            checkpoint=checkpoint,
+            spec,
             socket_path=run_dir / "unused.sock",
             mode="download",
-            device="cpu",
-            setup_kwargs=setup_kwargs,
             offline=False,
             run_dir=run_dir,
         )

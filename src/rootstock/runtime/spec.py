@@ -38,10 +38,12 @@ class WorkerSpec:
 
     @property
     def python(self) -> Path:
+        """The env's own interpreter, which runs the worker."""
         return self.layout.env_python(self.env_name)
 
     @property
     def env_source(self) -> Path:
+        """The env's built ``env_source.py``, whose ``setup()`` the worker calls."""
         return self.layout.env_source(self.env_name)
 
 
@@ -68,30 +70,42 @@ def check_setup_kwargs(setup_kwargs: dict[str, Any] | None) -> dict[str, Any]:
     return dict(setup_kwargs)
 
 
-def resolve_worker_spec(
-    checkpoint: str,
-    *,
-    root: str | os.PathLike | None = None,
-    cluster: str | None = None,
-    cache_root: str | os.PathLike | None = None,
-    device: str = "cuda",
-    setup_kwargs: dict[str, Any] | None = None,
-    weights: str | os.PathLike | None = None,
-) -> WorkerSpec:
-    """Resolve ``checkpoint`` to an installed env and validate the arguments.
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How a user asks for a worker, before the install is read.
 
-    ``cluster`` names this machine. Unless ``root`` is given, a registered name
-    supplies the root, before ``$ROOTSTOCK_ROOT`` and config.toml; a name that
-    neither the registry nor the install's manifest knows is a ``UsageError``.
-    Without it, the ``cluster`` recorded in config.toml picks variants.
+    The keywords of :class:`~rootstock.runtime.calculator.RootstockCalculator` and of
+    ``rootstock serve``/``benchmark`` other than the checkpoint; nothing is checked
+    until :func:`resolve_worker_spec`. ``root``, ``cluster`` and ``cache_root`` come
+    first, in the order :func:`~rootstock.install.layout.resolve_layout` takes them.
+    ``setup_kwargs`` None means none were given (``benchmark`` then takes the env's
+    ``VERIFY_KWARGS`` entry); the spec always holds a dict.
     """
+
+    root: str | os.PathLike[str] | None = None
+    cluster: str | None = None
+    cache_root: str | os.PathLike[str] | None = None
+    device: str = "cuda"
+    setup_kwargs: dict[str, Any] | None = None
+    weights: str | os.PathLike[str] | None = None
+
+
+def resolve_worker_spec(checkpoint: str, options: WorkerOptions) -> WorkerSpec:
+    """Resolve ``checkpoint`` to an installed env and validate ``options``.
+
+    ``options.cluster`` names this machine. Unless ``options.root`` is given, a
+    registered name supplies the root, before ``$ROOTSTOCK_ROOT`` and config.toml; a
+    name that neither the registry nor the install's manifest knows is a
+    ``UsageError``. Without it, the ``cluster`` recorded in config.toml picks variants.
+    """
+    device, weights = options.device, options.weights
     if not isinstance(checkpoint, str) or not checkpoint:
         raise UsageError("checkpoint must be a non-empty checkpoint id such as 'emt'")
     if not isinstance(device, str) or not device:
         raise UsageError("device must be a string such as 'cuda', 'cpu' or 'xpu'")
-    kwargs = check_setup_kwargs(setup_kwargs)
-    layout = resolve_layout(root, cluster, cache_root)
-    machine = cluster or _configured_cluster()
+    kwargs = check_setup_kwargs(options.setup_kwargs)
+    layout = resolve_layout(options.root, options.cluster, options.cache_root)
+    machine = options.cluster or _configured_cluster()
     resolved = resolve_checkpoint(layout, checkpoint, machine)
     env = resolved.env
     weights_path = None
