@@ -54,6 +54,19 @@ def isolated_user(session_dir: Path):
             os.environ[key] = value
 
 
+@pytest.fixture
+def private_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A config.toml of the test's own (subprocesses inherit it), no root or registry.
+
+    Files whose every test needs it name it in ``pytestmark``'s ``usefixtures``.
+    """
+    config = tmp_path / "user" / "config.toml"
+    monkeypatch.setenv("ROOTSTOCK_CONFIG", str(config))
+    monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
+    monkeypatch.delenv("ROOTSTOCK_CLUSTERS_FILE", raising=False)
+    return config
+
+
 @pytest.fixture(scope="session")
 def torch_pin(session_dir: Path) -> dict[str, str]:
     """Environment variables that make uv take the local CPU torch wheel.

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,16 +16,7 @@ from rootstock.cli.main import COMMANDS
 from rootstock.install.envfile import read_env_file
 from tests.conftest import run_rootstock
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def private_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    config = tmp_path / "user" / "config.toml"
-    monkeypatch.setenv("ROOTSTOCK_CONFIG", str(config))
-    monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
-    monkeypatch.delenv("ROOTSTOCK_CLUSTERS_FILE", raising=False)
-    return config
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("private_config")]
 
 
 def test_help_lists_commands_without_heavy_imports():

@@ -17,7 +17,6 @@ import stat
 import sys
 import time
 import tomllib
-from pathlib import Path
 
 import pytest
 
@@ -25,17 +24,7 @@ from rootstock.install.layout import LAYOUT_VERSION, read_layout, resolve_cache_
 from tests.conftest import ROOTSTOCK, run_rootstock
 from tests.unit.test_init import register_legacy_cluster, snapshot
 
-pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture(autouse=True)
-def private_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test gets its own config.toml (subprocesses inherit it)."""
-    config = tmp_path / "user" / "config.toml"
-    monkeypatch.setenv("ROOTSTOCK_CONFIG", str(config))
-    monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
-    monkeypatch.delenv("ROOTSTOCK_CLUSTERS_FILE", raising=False)
-    return config
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("private_config")]
 
 
 # --- through the CLI, with no terminal -----------------------------------------------

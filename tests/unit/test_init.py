@@ -17,20 +17,10 @@ from rootstock.errors import RootstockError
 from rootstock.install.layout import LAYOUT_VERSION, read_layout
 from rootstock.ops.init import InitRequest, init_root
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("private_config")]
 
 ROOT_DIRS = ("environments", "envs", "wheels", ".locks")
 CACHE_DIRS = ("home", "cache")
-
-
-@pytest.fixture(autouse=True)
-def private_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Each test gets its own config.toml."""
-    config = tmp_path / "user" / "config.toml"
-    monkeypatch.setenv("ROOTSTOCK_CONFIG", str(config))
-    monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
-    monkeypatch.delenv("ROOTSTOCK_CLUSTERS_FILE", raising=False)
-    return config
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:

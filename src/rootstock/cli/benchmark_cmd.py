@@ -7,7 +7,14 @@ from typing import Any
 import click
 
 from rootstock.cli.common import emit_json, progress, root_options
-from rootstock.cli.options import CALLS, DEVICE, SETUP_KWARGS, WARMUP, timeout_seconds
+from rootstock.cli.options import (
+    CALLS,
+    DEVICE,
+    SETUP_KWARGS,
+    WARMUP,
+    timeout_seconds,
+    weights_option,
+)
 
 
 @click.command()
@@ -47,7 +54,7 @@ from rootstock.cli.options import CALLS, DEVICE, SETUP_KWARGS, WARMUP, timeout_s
     metavar="JSON",
     help="A JSON object of keywords for setup() (default: the env's VERIFY_KWARGS).",
 )
-@click.option("--weights", type=click.Path(), help="Your weights, for <family>:custom ids.")
+@weights_option
 @click.option(
     "--timeout",
     type=timeout_seconds(),

@@ -184,3 +184,8 @@ CLUSTER = CheckedBy("cluster", _cluster_name)
 DEVICE = CheckedBy("device", _device_name)
 # A standard JSON object nested at most install.parsing.MAX_KWARG_DEPTH deep.
 SETUP_KWARGS = CheckedBy("json", _setup_kwargs)
+
+# Every command that starts a worker for a ``<family>:custom`` id takes the same option.
+weights_option = click.option(
+    "--weights", type=click.Path(), help="Your weights, for <family>:custom ids."
+)

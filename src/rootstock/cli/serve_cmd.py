@@ -6,7 +6,7 @@ import click
 
 from rootstock.cli.common import root_options
 from rootstock.cli.kwargs import parse_kwargs
-from rootstock.cli.options import DEVICE, timeout_seconds
+from rootstock.cli.options import DEVICE, timeout_seconds, weights_option
 
 
 @click.command()
@@ -26,7 +26,7 @@ from rootstock.cli.options import DEVICE, timeout_seconds
     metavar="KEY=VALUE",
     help="Keyword for setup(); VALUE is JSON if it parses, else a string. Repeatable.",
 )
-@click.option("--weights", type=click.Path(), help="Your weights, for <family>:custom ids.")
+@weights_option
 @click.option(
     "--structure",
     type=click.Path(exists=True, dir_okay=False),
