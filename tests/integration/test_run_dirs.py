@@ -140,6 +140,34 @@ def test_the_sweep_removes_only_dead_owners_of_this_host(tmpdir_base, tmp_path):
         assert kept.exists(), kept
 
 
+def test_a_run_dir_whose_maker_died_before_its_record_is_judged_by_the_pid_in_its_name(
+    tmpdir_base,
+):
+    # Killed between mkdtemp and owner.json: no record, but the name carries the pid.
+    a_minute_ago = time.time() - 60
+    dead = tmpdir_base / f"rootstock-{dead_pid()}-abcd1234"
+    alive = tmpdir_base / f"rootstock-fetch-{os.getpid()}-abcd1234"
+    # A pid that started after the directory was made is a reuse, not its maker.
+    reused = tmpdir_base / f"rootstock-{os.getpid()}-efgh5678"
+    fresh = tmpdir_base / f"rootstock-{dead_pid()}-ijkl9012"  # mkdtemp a moment ago
+    untagged = tmpdir_base / "rootstock-mnop3456"  # an older rootstock's name
+    for path in (dead, alive, reused, fresh, untagged):
+        path.mkdir(mode=0o700)
+    for path in (dead, alive, untagged):
+        os.utime(path, (a_minute_ago, a_minute_ago))
+    before_we_started = server.process_start_time(os.getpid()) - 30
+    os.utime(reused, (before_we_started, before_we_started))
+    assert sorted(server.sweep_dead_run_dirs(tmpdir_base)) == sorted([dead, reused])
+    for kept in (alive, fresh, untagged):
+        assert kept.is_dir(), kept
+
+
+def test_a_run_dir_is_named_for_its_maker(tmpdir_base):
+    run_dir = server.make_private_dir("rootstock-fetch-")
+    assert run_dir.name.startswith(f"rootstock-fetch-{os.getpid()}-")
+    assert len(run_dir.name) == len(f"rootstock-fetch-{os.getpid()}-") + 8
+
+
 def test_a_run_dir_swept_by_another_process_mid_sweep_is_skipped(tmpdir_base, monkeypatch):
     # Two starters sweep at once: a name listed by one is gone by the time it looks.
     dead = fake_run_dir(tmpdir_base, "dead", {"host": socket.gethostname(), "pid": dead_pid()})

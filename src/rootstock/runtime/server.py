@@ -10,7 +10,9 @@ it started in) in ``owner.json``. A killed owner cannot remove its directory, so
 whenever a new one is made, the same user's run directories whose owner is gone
 are removed: same host only (``$TMPDIR`` may be shared between nodes, and a pid
 says nothing about another host's processes), and only directories with a
-readable owner record.
+readable owner record. A directory's name also carries its maker's pid
+(``rootstock-<pid>-XXXXXXXX``), so one whose maker was killed between
+:func:`tempfile.mkdtemp` and writing the record is still recognised as abandoned.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import stat
@@ -39,6 +42,11 @@ RUN_DIR_PREFIX = "rootstock-"
 #: A run dir of ours with no owner record (its maker was killed between mkdtemp and
 #: writing the record, or it predates records) is swept only once it is this old.
 UNOWNED_RUN_DIR_AGE_S = 24 * 3600
+#: A run dir with no owner record whose name carries its maker's pid is judged by that
+#: pid once it is this old (the record is written right after mkdtemp).
+UNRECORDED_GRACE_S = 2.0
+# mkdtemp's 8 random characters follow "<pid>-".
+_MAKER_PID = re.compile(r"-(\d+)-[a-z0-9_]{8}$")
 # sun_path holds 108 bytes on Linux (104 on macOS); stay clear of both.
 _MAX_SOCKET_PATH = 100
 ACCEPT_SLICE_S = 0.1
@@ -57,6 +65,8 @@ def make_private_dir(prefix: str = RUN_DIR_PREFIX) -> Path:
     recorded; dead owners' run directories next to it are swept first (all of
     rootstock's prefixes start with ``rootstock-``, which the sweep looks for)."""
     base = runtime_base_dir()
+    # The maker's pid tags the name (see _unrecorded_maker_is_gone).
+    prefix = f"{prefix}{os.getpid()}-"
     # mkdtemp adds 8 random characters; leave room for "/worker.sock".
     if len(os.fsencode(base)) + len(prefix) + 9 + 1 + len(SOCKET_NAME) > _MAX_SOCKET_PATH:
         # HPC job temp dirs can be long; /tmp itself is short and mkdtemp is still private.
@@ -138,6 +148,46 @@ def owner_is_gone(record: object) -> bool:
     return bool(record.get("started")) and record["started"] != state[1]
 
 
+def process_start_time(pid: int) -> float | None:
+    """When ``pid`` started (epoch seconds), from ``/proc``; None if unknown."""
+    state = _process_state(pid)
+    try:
+        stat_lines = Path("/proc/stat").read_text().splitlines()
+        btime = next(int(line.split()[1]) for line in stat_lines if line.startswith("btime "))
+    except (OSError, ValueError, StopIteration):
+        return None
+    return None if state is None else btime + int(state[1]) / os.sysconf("SC_CLK_TCK")
+
+
+def _unrecorded_maker_is_gone(name: str, made: float) -> bool:
+    """Whether a run dir with no owner record (made at ``made``) was abandoned.
+
+    Its maker writes the record right after mkdtemp, so a record missing for longer
+    than ``UNRECORDED_GRACE_S`` means the maker was killed in between: the pid in the
+    name tells whether that maker still runs here (a pid that started after the
+    directory was made is a reuse). A name without a pid (an older rootstock's) is
+    judged by age alone.
+    """
+    age = time.time() - made
+    if age > UNOWNED_RUN_DIR_AGE_S:
+        return True
+    match = _MAKER_PID.search(name)
+    if match is None or age < UNRECORDED_GRACE_S:
+        return False
+    pid = int(match.group(1))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return True  # the pid now belongs to another user
+    state = _process_state(pid)
+    if state is None:
+        return False
+    started = process_start_time(pid)
+    return state[0] in ("Z", "X") or (started is not None and started > made + 1.0)
+
+
 def sweep_dead_run_dirs(base: Path) -> list[Path]:
     """Remove our run directories in ``base`` whose owner is gone; the ones removed."""
     removed: list[Path] = []
@@ -158,9 +208,8 @@ def sweep_dead_run_dirs(base: Path) -> list[Path]:
             with os.fdopen(fd, encoding="utf-8") as fh:
                 record = loads_json(fh.read(4096))
         except FileNotFoundError:
-            # Still being made (fresh), or its maker died before the record: the
-            # age tells them apart. No record says which host, so be patient.
-            if time.time() - st.st_mtime > UNOWNED_RUN_DIR_AGE_S:
+            # Still being made (fresh), or its maker died before the record.
+            if _unrecorded_maker_is_gone(name, st.st_mtime):
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
             continue
