@@ -9,9 +9,12 @@ consistency check; the random model's results are compared with the same model r
 in-process in the env (``sevennet-0``'s comparison is in test_mlip_calculator.py).
 
 SevenNet runs in float32. The worker and the in-process run use the same code and
-thread count, so they agree far closer than float32 precision allows in general;
-the bound of 1e-5 relative leaves room for a different summation order in the
-threaded kernels (measured: at most 4e-7) while catching any real drift.
+thread count, but the threaded kernels sum in no fixed order. The random model's
+forces are small (|F| < 0.1 eV/Å) beside the per-atom energy terms they come from,
+so a few float32 steps of those show up relatively large: measured 4e-7 of the
+largest force on one run and 2.6e-5 on another (the energy: 3.4e-7). The bound of
+1e-4 relative leaves room for that while catching any real drift (a wrong cutoff,
+dtype or weight is off by percent).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from tests.mlip.family import (
 
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1200)]
 
-FLOAT32_RTOL = 1e-5
+FLOAT32_RTOL = 1e-4
 
 # A two-layer, 16-channel, lmax 1 SevenNet for copper with random weights. A
 # per-atom shift (-3.75 eV) and scale (4) keep energy and forces at a realistic
