@@ -65,6 +65,10 @@ class EnvBroken(EnvFileError):
     """
 
 
+class SourceError(RootstockError):
+    """A ``sync``/``prune`` SOURCE cannot be read or fetched, or declares nothing."""
+
+
 class EnvNotFound(RootstockError):
     """An env name that is not registered or built in this root."""
 

@@ -34,6 +34,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "smoke_test",
         "Re-verify every fetched checkpoint.",
     ),
+    "sync": ("rootstock.cli.sync_cmd", "sync", "Build, download and verify what is declared."),
+    "prune": ("rootstock.cli.prune_cmd", "prune", "Remove what is no longer declared."),
     "manifest": ("rootstock.cli.manifest_cmd", "manifest", "Show, init or push manifest.json."),
     "setup-perms": (
         "rootstock.cli.perms_cmd",

@@ -69,6 +69,16 @@ class InstallLayout:
         return self.root / ".build"
 
     @property
+    def trash_dir(self) -> Path:
+        """Where ``prune`` renames envs before deleting them."""
+        return self.root / ".trash"
+
+    @property
+    def prune_journal(self) -> Path:
+        """``prune``'s intent journal: what it still has to delete (docs/cli.md)."""
+        return self.root / ".prune-journal.json"
+
+    @property
     def python_dir(self) -> Path:
         return self.root / ".python"
 

@@ -111,10 +111,13 @@ class Verification(TypedDict):
 class CheckpointRecord(TypedDict, total=False):
     """A checkpoint an env serves: when it was fetched, and its verifications.
 
+    ``files`` lists what the download brought, relative to the cache root (absent:
+    unattributed, from before ``add`` recorded it; ``prune`` never deletes those).
     ``verifications[<cluster>][<device_kind>]`` is a :class:`Verification`.
     """
 
     fetched_at: str | None
+    files: list[str]
     verifications: dict[str, dict[str, Verification]]
 
 
