@@ -81,6 +81,19 @@ def fetch_checkpoint(
     return time.monotonic() - start
 
 
+def fetch_and_record(
+    layout: InstallLayout,
+    env_name: str,
+    checkpoint: str,
+    kwargs: dict[str, Any],
+    timeout: float = DEFAULT_DOWNLOAD_TIMEOUT,
+) -> float:
+    """Download ``checkpoint`` and stamp it fetched (``add`` and ``sync``); the seconds taken."""
+    seconds = fetch_checkpoint(layout, env_name, checkpoint, kwargs, timeout)
+    record_fetch(layout, env_name, checkpoint)
+    return seconds
+
+
 def add(
     layout: InstallLayout,
     checkpoint: str,
@@ -111,8 +124,7 @@ def add(
     with maintainer_umask():
         if force or not fetched:
             step(f"{checkpoint}: downloading on the CPU (network allowed)")
-            download_seconds = fetch_checkpoint(layout, env.name, checkpoint, download_kwargs)
-            record_fetch(layout, env.name, checkpoint)
+            download_seconds = fetch_and_record(layout, env.name, checkpoint, download_kwargs)
             downloaded = True
         else:
             step(f"{checkpoint}: already fetched; skipping the download")
@@ -142,4 +154,4 @@ def add(
     )
 
 
-__all__ = ["AddResult", "RootstockError", "add", "fetch_checkpoint"]
+__all__ = ["AddResult", "RootstockError", "add", "fetch_and_record", "fetch_checkpoint"]
