@@ -89,7 +89,13 @@ def full_manifest() -> dict[str, Any]:
         "python_path": "/opt/python3.11",
         "torch": "2.4.0",
         "rootstock": "0.1.0",
-        "checkpoints": {"m": {"fetched_at": T0, "verifications": {"alpha": {"gpu": record}}}},
+        "checkpoints": {
+            "m": {
+                "fetched_at": T0,
+                "files": ["home/.cache/mace/m.model"],
+                "verifications": {"alpha": {"gpu": record}},
+            }
+        },
     }
     return copy.deepcopy(
         {
@@ -178,7 +184,10 @@ def test_records_written_have_the_declared_keys(tmp_path, monkeypatch):
     env = record_env_build(layout, "mace", {"source_hash": "sha256:9b", "python": "3.11.9"})
     assert tuple(env) == ENV_BUILD_FIELDS
     assert env["python"] == "3.11.9" and env["build_id"] and env["built_at"]
-    assert set(record_fetch(layout, "mace", "m")) == keys_of(types.CheckpointRecord)
+    # Without files a record is unattributed: it has every key but ``files``.
+    assert set(record_fetch(layout, "mace", "m")) == keys_of(types.CheckpointRecord) - {"files"}
+    fetched = record_fetch(layout, "mace", "m", files=[])
+    assert set(fetched) == keys_of(types.CheckpointRecord)
     result = {"passed": True, "device": "cpu", "fingerprint": FINGERPRINT, "checks": None}
     record = record_verification(layout, "mace", "m", "alpha", result)
     assert set(record) == keys_of(types.Verification)

@@ -161,6 +161,23 @@ CORRUPT: dict[str, tuple[bytes, str | None]] = {
     "at 5": (with_value((*REC, "at"), 5), f"{REC_PATH}.at"),
     "at a list": (with_value((*REC, "at"), [T0]), f"{REC_PATH}.at"),
     "fetched_at soon": (with_value((*CK, "fetched_at"), "soon"), f"{CK_PATH}.fetched_at"),
+    "files a string": (with_value((*CK, "files"), "cache/w.pt"), f"{CK_PATH}.files"),
+    "files an object": (with_value((*CK, "files"), {"cache/w.pt": 1}), f"{CK_PATH}.files"),
+    "files holds 5": (with_value((*CK, "files"), ["cache/a", 5]), f"{CK_PATH}.files[1]"),
+    "files holds null": (with_value((*CK, "files"), [None]), f"{CK_PATH}.files[0]"),
+    "files absolute": (with_value((*CK, "files"), ["/etc/passwd"]), f"{CK_PATH}.files[0]"),
+    "files climbs out": (
+        with_value((*CK, "files"), ["cache/../../etc/passwd"]),
+        f"{CK_PATH}.files[0]",
+    ),
+    "files empty path": (with_value((*CK, "files"), [""]), f"{CK_PATH}.files[0]"),
+    "files NUL": (with_value((*CK, "files"), ["cache/a\u0000b"]), f"{CK_PATH}.files[0]"),
+    "files ./ part": (with_value((*CK, "files"), ["cache/./a"]), f"{CK_PATH}.files[0]"),
+    "files // part": (with_value((*CK, "files"), ["cache//a"]), f"{CK_PATH}.files[0]"),
+    "files too many": (
+        with_value((*CK, "files"), [f"cache/{i}" for i in range(100_001)]),
+        f"{CK_PATH}.files",
+    ),
     "NaN in a fingerprint": (GOOD_TEXT.replace(ENERGY, '"energy_per_atom": NaN').encode(), None),
     "Infinity in a fingerprint": (
         GOOD_TEXT.replace(ENERGY, '"energy_per_atom": -Infinity').encode(),
@@ -551,3 +568,61 @@ def test_writing_an_invalid_name_again_is_refused(layout: InstallLayout) -> None
         == expected["envs"]["emt"]["checkpoints"]["emt-a"]
     )
     assert after["envs"]["emt"]["checkpoints"]["emt-b"]["fetched_at"] == T1
+
+
+# --- the files a download brought ------------------------------------------------------
+
+
+def test_files_load_and_each_problem_names_its_entry(layout: InstallLayout) -> None:
+    files = ["cache/huggingface/hub/models--x/blobs/abc", "home/.cache/mace/model.pt"]
+    layout.manifest_file.write_bytes(with_value((*CK, "files"), files))
+    assert load_manifest(layout)["envs"]["emt"]["checkpoints"]["emt-a"]["files"] == files
+    layout.manifest_file.write_bytes(with_value((*CK, "files"), [*files, "../x"]))
+    with pytest.raises(ManifestError, match=r"files\[2\]: must be a clean relative path"):
+        load_manifest(layout)
+
+
+def test_record_fetch_merges_files_with_those_still_on_disk(
+    layout: InstallLayout, root: Path
+) -> None:
+    (root / "cache" / "old").mkdir()
+    (root / "cache" / "old" / "kept.bin").write_text("k")
+    (root / "cache" / "old" / "gone.bin").write_text("g")
+    first = record_fetch(
+        layout, "emt", "emt-a", at=T0, files=["cache/old/kept.bin", "cache/old/gone.bin"]
+    )
+    assert first["files"] == ["cache/old/gone.bin", "cache/old/kept.bin"]
+    (root / "cache" / "old" / "gone.bin").unlink()
+    again = record_fetch(
+        layout, "emt", "emt-a", at=T1, files=["home/.cache/new.pt", "cache/old/kept.bin"]
+    )
+    # Sorted, unique, the vanished file dropped, the kept one kept.
+    assert again["files"] == ["cache/old/kept.bin", "home/.cache/new.pt"]
+    assert again["fetched_at"] == T1
+    # No files given: the list stays as it is.
+    assert record_fetch(layout, "emt", "emt-a")["files"] == again["files"]
+    # A record fetched without any stays unattributed (no key at all).
+    assert "files" not in record_fetch(layout, "emt", "emt-b")
+    stored = load_manifest(layout)["envs"]["emt"]["checkpoints"]
+    assert stored["emt-a"]["files"] == again["files"] and "files" not in stored["emt-b"]
+
+
+def test_record_fetch_refuses_an_unclean_path_before_the_lock(layout: InstallLayout) -> None:
+    layout.manifest_file.write_text(GOOD_TEXT)
+    for bad in ("/abs/path", "cache/../x", "", "cache/a\0b"):
+        with pytest.raises(ValueError, match="files"):
+            record_fetch(layout, "emt", "emt-a", files=["cache/ok", bad])
+    assert layout.manifest_file.read_text() == GOOD_TEXT
+
+
+def test_record_fetch_over_the_limit_leaves_the_record_unattributed(
+    layout: InstallLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rootstock.install.manifest import records
+
+    monkeypatch.setattr(records, "MAX_CHECKPOINT_FILES", 2)
+    (layout.cache_dir / "a").write_text("a")
+    assert record_fetch(layout, "emt", "emt-a", files=["cache/a"])["files"] == ["cache/a"]
+    record = record_fetch(layout, "emt", "emt-a", files=["cache/b", "cache/c"])
+    assert "files" not in record
+    assert "files" not in load_manifest(layout)["envs"]["emt"]["checkpoints"]["emt-a"]

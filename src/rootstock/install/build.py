@@ -4,7 +4,8 @@ The env is assembled in ``{root}/.build/`` and becomes visible only by an atomic
 rename of the ``envs/<name>`` symlink, so users keep spawning workers from the old
 env for the whole build and a failed build leaves the old env untouched. The
 previous build is kept one generation, because workers already running from it
-may still import lazily from its files.
+may still import lazily from its files; an older one is deleted only once no
+worker holds its generation lock (:mod:`rootstock.install.generations`).
 
 Each build in ``.build/`` has an owner record naming its host and pid, so the
 next install can sweep the staging of builds that were killed (see
@@ -31,6 +32,7 @@ from rootstock.install import Reporter
 from rootstock.install.atomic import atomic_write_json
 from rootstock.install.envfile import EnvFile, source_hash
 from rootstock.install.envs import ENV_METADATA
+from rootstock.install.generations import make_generation_lock, remove_old_generations
 from rootstock.install.interpreters import Interpreter
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
@@ -313,6 +315,8 @@ def _build_into(
         what=f"creating the venv for {env.name}",
         verbose=options.verbose,
     )
+    # Every worker of this generation takes a shared lock on it for life.
+    make_generation_lock(staging)
     wheel = vendor_wheel(layout.wheels_dir)
     env_python: list[str | Path] = ["--python", staging / "bin" / "python"]
     step("installing packages and compiling bytecode")
@@ -425,25 +429,41 @@ def _build_base(entry: str) -> str:
     return entry
 
 
-def claim_stale_staging(layout: InstallLayout) -> list[Path]:
-    """Move the ``.build/`` entries of builds that are over out of the way.
+def stale_staging_groups(layout: InstallLayout) -> dict[str, list[Path]]:
+    """The ``.build/`` entries of builds that are over, by staging name (read-only).
 
-    Call it under the root lock; it only renames (quick), and returns the claimed
-    paths for :func:`remove_claimed` to delete after the lock is released. A build
-    is over when its owner record names this host and a pid that is gone (or reused),
-    or another host and has not been refreshed for :data:`FOREIGN_BUILD_STALE_S`.
+    A build is over when its owner record names this host and a pid that is gone (or
+    reused), or another host and has not been refreshed for :data:`FOREIGN_BUILD_STALE_S`.
+    Entries an interrupted sweep had claimed are not included.
     """
     try:
         entries = list(layout.build_dir.iterdir())
     except OSError:
-        return []
-    claimed = [e for e in entries if e.name.startswith(SWEPT_PREFIX)]
+        return {}
     groups: dict[str, list[Path]] = {}
     for entry in entries:
         if not entry.name.startswith(SWEPT_PREFIX):
             groups.setdefault(_build_base(entry.name), []).append(entry)
-    for base, members in groups.items():
-        if _build_is_live(layout.build_dir, base, members):
+    return {
+        base: members
+        for base, members in groups.items()
+        if not _build_is_live(layout.build_dir, base, members)
+    }
+
+
+def claim_stale_staging(layout: InstallLayout, only: set[str] | None = None) -> list[Path]:
+    """Move the ``.build/`` entries of builds that are over out of the way.
+
+    Call it under the root lock; it only renames (quick), and returns the claimed
+    paths for :func:`remove_claimed` to delete after the lock is released. ``only``
+    limits it to those staging names (``prune`` claims what its plan listed).
+    """
+    try:
+        claimed = [e for e in layout.build_dir.iterdir() if e.name.startswith(SWEPT_PREFIX)]
+    except OSError:
+        return []
+    for base, members in stale_staging_groups(layout).items():
+        if only is not None and base not in only:
             continue
         # The owner record goes last, so a sweep cut short still finds the rest dead.
         for member in sorted(members, key=lambda m: m.name.endswith(OWNER_SUFFIX)):
@@ -487,19 +507,20 @@ def activate(layout: InstallLayout, result: BuildResult) -> Path:
     tmp_link = layout.envs_dir / f".{result.name}.link-{secrets.token_hex(4)}"
     os.symlink(final.name, tmp_link)
     os.replace(tmp_link, link)
-    _prune_old_builds(layout, result.name, keep={final, previous})
+    result.warnings += _prune_old_builds(layout, result.name, keep={final, previous})
     return final
 
 
-def _prune_old_builds(layout: InstallLayout, name: str, keep: set) -> None:
+def _prune_old_builds(layout: InstallLayout, name: str, keep: set[Path | None]) -> list[str]:
+    """Delete ``name``'s generations outside ``keep`` that no worker holds; the warnings
+    (see :func:`~rootstock.install.generations.remove_old_generations`)."""
+    generations: list[Path] = []
     for candidate in layout.envs_dir.glob(f".{name}.*"):
         if candidate.is_symlink():
             # A temp link of an activate() killed between symlink and replace; we
             # hold this env's lock, so no live activate() owns it.
             if candidate.name.startswith(f".{name}.link-"):
                 candidate.unlink(missing_ok=True)
-            continue
-        if Path(os.path.realpath(candidate)) in keep:
-            continue
-        if candidate.is_dir():
-            shutil.rmtree(candidate, ignore_errors=True)
+        elif candidate.is_dir():
+            generations.append(candidate)
+    return remove_old_generations(generations, keep)

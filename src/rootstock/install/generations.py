@@ -17,7 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import itertools
+import logging
 import os
+import re
+import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +36,14 @@ __all__ = [
     "generation_lock_path",
     "locks_are_coherent",
     "make_generation_lock",
+    "remove_old_generations",
 ]
+
+log = logging.getLogger("rootstock.install")
+
+#: Where locks are not coherent across nodes, a replaced generation is kept until
+#: its successor is this old: a worker on another node holds a lock we cannot see.
+INCOHERENT_LOCKS_KEEP_S = 24 * 3600
 
 
 def generation_lock_path(generation: Path) -> Path:
@@ -39,9 +51,11 @@ def generation_lock_path(generation: Path) -> Path:
 
 
 def make_generation_lock(generation: Path) -> None:
-    """Create the (empty, world-readable) lock file of a generation being built."""
-    fd = os.open(generation_lock_path(generation), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-    os.fchmod(fd, 0o644)  # whatever the umask: every user's worker must open it
+    """Create the (empty, world-readable, group-writable) lock file of a generation."""
+    fd = os.open(generation_lock_path(generation), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o664)
+    # Whatever the umask: every user's worker opens it to read, and every maintainer
+    # of the group must open it for writing to claim it (an exclusive lockf).
+    os.fchmod(fd, 0o664)
     os.close(fd)
 
 
@@ -70,6 +84,53 @@ def claim_generation(generation: Path) -> Iterator[bool | None]:
         yield True
     finally:
         os.close(fd)
+
+
+def remove_old_generations(generations: list[Path], keep: set[Path | None]) -> list[str]:
+    """Delete the ``generations`` of one env outside ``keep`` that no worker holds.
+
+    Returns warnings for what was kept. Each is claimed first: one a worker holds
+    is kept and reported; one with no lock file (built before generation locks) is
+    deleted, as before them. Where locks are not coherent across nodes (see
+    :func:`locks_are_coherent`), a lock free here proves nothing about a worker on
+    another node, so a generation is kept until :data:`INCOHERENT_LOCKS_KEEP_S`
+    after its successor was built (when it stopped being current).
+    """
+    if not generations:
+        return []
+    coherence = locks_are_coherent(generations[0].parent)
+    by_age = sorted(generations, key=_mtime)
+    superseded = {old: _mtime(new) for old, new in itertools.pairwise(by_age)}
+    warnings, kept_by_age = [], []
+    for generation in by_age:
+        if Path(os.path.realpath(generation)) in keep:
+            continue
+        with claim_generation(generation) as claimed:
+            if claimed is False:
+                log.info("keeping %s: a running worker holds it", generation)
+                warnings.append(
+                    f"warning: kept {generation}: a running worker uses it (the next "
+                    "install or `rootstock prune` removes it once it is free)"
+                )
+                continue
+            age = time.time() - superseded.get(generation, _mtime(generation))
+            if not coherence.coherent and age < INCOHERENT_LOCKS_KEEP_S:
+                kept_by_age.append(generation.name)
+                continue
+            shutil.rmtree(generation, ignore_errors=True)
+    if kept_by_age:
+        warnings.append(
+            f"warning: kept {', '.join(kept_by_age)} for a day after they were replaced: "
+            f"{coherence.reason}, so a worker on another node would hold a lock unseen"
+        )
+    return warnings
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -116,10 +177,14 @@ def locks_are_coherent(path: Path) -> LockCoherence:
     return LockCoherence(True, fstype, f"{fstype} is a local filesystem")
 
 
+#: This process's mount table (read by :func:`locks_are_coherent`).
+MOUNTINFO = Path("/proc/self/mountinfo")
+
+
 def _mount_of(path: Path) -> tuple[str, set[str]] | None:
     """(fstype, mount and super options) of the longest mount point above ``path``."""
     try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+        lines = MOUNTINFO.read_text().splitlines()
     except OSError:
         return None
     target = os.path.realpath(path)
@@ -130,7 +195,10 @@ def _mount_of(path: Path) -> tuple[str, set[str]] | None:
             dash = fields.index("-")
         except ValueError:
             continue
-        point = fields[4].replace("\\040", " ")
+        if dash < 6 or len(fields) < dash + 4:
+            continue  # not a mountinfo line: never let one bad line hide the table
+        # The kernel writes space, tab, newline and backslash as octal escapes.
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
         if target != point and not target.startswith(point.rstrip("/") + "/"):
             continue
         options = set(fields[5].split(",")) | set(fields[dash + 3].split(","))

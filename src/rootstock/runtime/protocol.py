@@ -80,6 +80,12 @@ _WORDS = {
     h: h.rstrip().decode("ascii")
     for h in (STATUS, READY, HAVEDATA, NEEDINIT, INIT, POSDATA, GETFORCE, FORCEREADY, EXIT, ERROR)
 }
+#: Where a ``download``-mode worker writes the paths the env's ``download()`` hook
+#: returned (a JSON list of absolute paths; docs/worker-environment.md). A variable,
+#: not an option, so a worker in an env built by an older rootstock still starts
+#: (it writes nothing, and its fetch is recorded from the cache scan alone).
+DOWNLOAD_RESULT_ENV = "ROOTSTOCK_DOWNLOAD_RESULT"
+
 # What a model may compute beyond energy, forces and stress, under ASE's names; the
 # client asks for them in INIT and they come back in the FORCEREADY extra JSON.
 EXTRA_PROPERTIES = ("magmoms", "charges", "energies", "dipole")

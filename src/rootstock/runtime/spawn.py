@@ -38,7 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rootstock.errors import EnvNotFound
+from rootstock.install.parsing import ParseProblem, loads_json
 from rootstock.runtime.lifeline import LIFELINE_ENV, Lifeline
+from rootstock.runtime.protocol import DOWNLOAD_RESULT_ENV
 from rootstock.runtime.server import can_create_files, is_private_dir, make_private_dir
 
 if TYPE_CHECKING:
@@ -50,6 +52,8 @@ log = logging.getLogger("rootstock.runtime")
 WORKER_MODULE = "rootstock.worker"
 WORKER_LOG_ENV = "ROOTSTOCK_WORKER_LOG"
 LOG_FILE_NAME = "worker.log"
+#: In a download's run dir: the paths its ``download()`` hook returned (JSON).
+DOWNLOAD_RESULT_FILE = "download-result.json"
 
 # Variables that would make the worker load code or settings from the caller's
 # Python. PYTHONPYCACHEPREFIX is here because a caller's prefix would make the
@@ -375,6 +379,7 @@ def spawn_worker(
     output: str | None = None,
     run_dir: Path | None = None,
     connect_timeout: float | None = None,
+    extra_env: Mapping[str, str] | None = None,
 ) -> WorkerProcess:
     """Start ``python -m rootstock.worker`` for ``spec`` in its own process group.
 
@@ -382,7 +387,8 @@ def spawn_worker(
     ``serve`` (standard i-PI client for an external driver). ``output`` is
     ``capture`` (default: a 0600 file in ``run_dir``), ``stderr``, ``stdout`` or a
     file path; ``$ROOTSTOCK_WORKER_LOG`` overrides it. ``offline=False`` lets the
-    model download (the fetch phase of ``add``).
+    model download (the fetch phase of ``add``). ``extra_env`` is added to the
+    worker's environment last (the download phase's result file).
 
     The worker gets a lifeline: it exits on its own once this process is gone, and
     :meth:`WorkerProcess.stop` or :meth:`WorkerProcess.cleanup` cut it.
@@ -407,6 +413,7 @@ def spawn_worker(
     try:
         env = worker_environment(layout, env_name, offline=offline)
         env[LIFELINE_ENV] = str(lifeline.child_fd)
+        env.update(extra_env or {})
         stdout, stderr, log_path, offset, owned = _open_output(target, run_dir)
     except BaseException:
         lifeline.close()
@@ -449,11 +456,14 @@ def run_download(
     checkpoint: str,
     setup_kwargs: dict[str, Any] | None = None,
     timeout: float = 3600.0,
-) -> None:
+) -> list[str]:
     """Run the fetch phase of ``add``: a worker in ``download`` mode, CPU, network on.
 
-    Raises :class:`WorkerError` with the worker's output tail when the env's
-    ``download()`` (or ``setup()``) fails, or when it runs past ``timeout``.
+    Returns the absolute paths the env's ``download()`` hook returned (empty when it
+    returned none, when ``setup()`` did the fetch, or when the env's worker is from
+    an older rootstock, which knows no result file). Raises :class:`WorkerError`
+    with the worker's output tail when the env's ``download()`` (or ``setup()``)
+    fails, or when it runs past ``timeout``.
     """
     from rootstock.errors import WorkerError
     from rootstock.runtime.spec import WorkerSpec
@@ -466,6 +476,7 @@ def run_download(
         setup_kwargs=setup_kwargs or {},
     )
     run_dir = make_private_dir("rootstock-fetch-")
+    result_file = run_dir / DOWNLOAD_RESULT_FILE
     try:
         process = spawn_worker(
             spec,
@@ -473,6 +484,7 @@ def run_download(
             mode="download",
             offline=False,
             run_dir=run_dir,
+            extra_env={DOWNLOAD_RESULT_ENV: str(result_file)},
         )
         finished = process.wait_exit(timeout)
         code = process.stop(grace=0 if not finished else 3.0)
@@ -489,5 +501,22 @@ def run_download(
                 hint="the traceback above comes from the env's download()/setup(); "
                 "the maintainer can fix env_source.py, then re-run `rootstock add`",
             )
+        return _read_download_result(result_file)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _read_download_result(path: Path) -> list[str]:
+    """The paths a download worker wrote to ``path``: [] when none (an older worker), or
+    when the file is not a JSON list of strings (logged: the download itself worked)."""
+    try:
+        value = loads_json(path.read_bytes())
+    except FileNotFoundError:
+        return []
+    except (OSError, ParseProblem) as exc:
+        log.warning("ignoring the download result %s: %s", path, exc)
+        return []
+    if isinstance(value, list) and all(isinstance(item, str) for item in value):
+        return value
+    log.warning("ignoring the download result %s: not a JSON list of paths", path)
+    return []

@@ -11,7 +11,14 @@ Three modes:
   never kept waiting on a model that is still loading. Errors go to the log.
 * ``download`` (the fetch phase of ``rootstock add``): call the env's
   ``download()`` hook, or ``setup()`` on the CPU, so the weights land in the
-  cache; then exit. No socket; the exit code says whether it worked.
+  cache; then exit. No socket; the exit code says whether it worked. The paths
+  the hook returned go, as a JSON list, to the file ``$ROOTSTOCK_DOWNLOAD_RESULT``
+  names (when set), so ``add`` can record which files the checkpoint owns.
+
+In ``calculator`` and ``serve`` mode the worker holds a shared lock on its env
+generation's lock file for its whole life, taken before ``setup()`` runs
+(:mod:`rootstock.worker.generation`), so ``install`` and ``prune`` never delete
+the generation it imports from.
 
 The worker never binds a socket and knows nothing about the system until the
 server tells it (JSON INIT) or ``--structure`` names a file.
@@ -44,7 +51,8 @@ from rootstock.runtime.lifeline import (
     STARTER_GONE_EXIT,
     watch_lifeline,
 )
-from rootstock.runtime.protocol import FrameStream
+from rootstock.runtime.protocol import DOWNLOAD_RESULT_ENV, FrameStream
+from rootstock.worker.generation import hold_generation
 from rootstock.worker.loop import EXIT_MODEL_ERROR, EXIT_PROTOCOL_ERROR, CapturedError, ServeLoop
 from rootstock.worker.model import ModelRunner, load_env_source, make_calculator
 
@@ -157,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # Popped, so nothing the model starts mistakes some other fd for a lifeline.
     inherited = os.environ.pop(LIFELINE_ENV, "")
+    result_file = os.environ.pop(DOWNLOAD_RESULT_ENV, "")
     lifeline_fd = args.lifeline_fd if args.lifeline_fd is not None else _fd_number(inherited)
     if lifeline_fd is not None:
         # First, before any slow import or setup(): a starter that is already gone
@@ -178,9 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode != "download" and not args.socket:
         log.error("--socket is required in %s mode", args.mode)
         return EXIT_USAGE
+    if args.mode != "download":
+        # Before setup(): a model imports lazily from the generation's files for as
+        # long as it runs, so the hold must cover all of it.
+        held = hold_generation(_loaded_generation())
+        log.debug("holding env generation %s", held or "(none: no lock file)")
     try:
         if args.mode == "download":
-            return _download(args, kwargs)
+            return _download(args, kwargs, result_file or None)
         if args.mode == "serve":
             return _serve(args, kwargs)
         return _calculator(args, kwargs)
@@ -191,13 +205,47 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _download(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
+def _loaded_generation() -> str:
+    """The generation directory this process loaded its packages from.
+
+    ``sys.prefix`` runs through ``envs/<name>``, a symlink that a rebuild may have
+    swapped since this interpreter started: the kernel's map of the extension
+    modules already loaded (numpy's, imported above) names where they really came
+    from. ``sys.prefix`` when the map says nothing.
+    """
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            maps = fh.read()
+    except OSError:
+        return sys.prefix
+    return generation_in_maps(os.path.realpath(sys.prefix), maps) or sys.prefix
+
+
+def generation_in_maps(prefix: str, maps: str) -> str | None:
+    """The generation of ``prefix``'s env (``envs/.<name>.<build-id>``) that a mapped
+    file of ``maps`` (``/proc/<pid>/maps`` text) lies in, if any."""
+    envs, base = os.path.split(prefix)
+    if not base.startswith(".") or base.count(".") < 2:
+        return None  # not a generation directory: a plain venv, a legacy env
+    stem = os.path.join(envs, base[: base.rindex(".") + 1])  # envs/.<name>.
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].startswith(stem):
+            continue
+        build_id, sep, _inside = fields[5][len(stem) :].partition(os.sep)
+        if build_id and sep and "." not in build_id:  # another env's name has a dot
+            return stem + build_id
+    return None
+
+
+def _download(args: argparse.Namespace, kwargs: dict[str, Any], result_file: str | None) -> int:
+    returned: Any = None
     try:
         module = load_env_source(args.env_source)
         hook = getattr(module, "download", None)
         if callable(hook):
             log.info("fetching %s with the env's download() hook", args.checkpoint)
-            hook(args.checkpoint, **kwargs)
+            returned = hook(args.checkpoint, **kwargs)
         else:
             log.info("fetching %s by running setup() once on the CPU", args.checkpoint)
             make_calculator(module, args.checkpoint, "cpu", kwargs, None)
@@ -205,7 +253,50 @@ def _download(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
         log.exception("download of %s failed", args.checkpoint)
         return EXIT_MODEL_ERROR
     log.info("fetched %s", args.checkpoint)
+    if result_file is not None:
+        _write_download_result(result_file, returned_paths(returned))
     return 0
+
+
+def returned_paths(value: Any) -> list[str]:
+    """The absolute paths in what ``download()`` returned: a path, a list or tuple
+    of paths, or None. Anything else is logged and ignored: the download worked,
+    and ``add`` still records the files its cache scan saw."""
+    if value is None:
+        return []
+    items = value if isinstance(value, list | tuple) else [value]
+    paths = []
+    for item in items:
+        if isinstance(item, str | bytes | os.PathLike):
+            path = os.fsdecode(os.fspath(item))
+            if path and "\0" not in path:
+                paths.append(os.path.abspath(path))
+                continue
+        log.warning(
+            "download() returned %s, which is not a path; ignored (return a path, a list "
+            "of paths or None)",
+            _short_repr(item),
+        )
+    return paths
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def _write_download_result(path: str, paths: list[str]) -> None:
+    """Write ``paths`` as JSON to ``path`` (the spawner's private run dir), atomically."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(paths, fh)
+        os.replace(tmp, path)
+    except OSError as exc:
+        # The weights are in the cache: a lost list costs attribution, not the fetch.
+        log.warning("could not write the download result to %s: %s", path, exc)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def _calculator(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:

@@ -10,6 +10,7 @@ pass) first, then call these.
 from __future__ import annotations
 
 import copy
+import os
 import secrets
 from typing import Any, cast
 
@@ -37,7 +38,12 @@ from rootstock.install.manifest.types import (
     Verification,
     VerificationState,
 )
-from rootstock.install.manifest.validate import DEVICE_KINDS, opaque_problem
+from rootstock.install.manifest.validate import (
+    DEVICE_KINDS,
+    MAX_CHECKPOINT_FILES,
+    cache_path_problem,
+    opaque_problem,
+)
 from rootstock.names import device_name
 
 MESSAGE_MAX = 300
@@ -95,13 +101,38 @@ def record_fetch(
     checkpoint: str,
     at: str | None = None,
     timeout: float = DEFAULT_LOCK_TIMEOUT,
+    files: list[str] | None = None,
 ) -> CheckpointRecord:
-    """Stamp ``checkpoint`` (served by ``env_name``) as fetched; return its record."""
+    """Stamp ``checkpoint`` (served by ``env_name``) as fetched; return its record.
+
+    ``files`` are what the download brought, relative to the cache root (see
+    :func:`rootstock.ops.add.download_and_record`). They are merged with the files
+    the record already lists that still exist (``lexists``), so a re-download
+    never orphans what an earlier one attributed; the result is sorted and
+    de-duplicated. ``None`` leaves the record's ``files`` as they are (absent:
+    unattributed). A path that is not a clean relative one raises ``ValueError``
+    before the lock is taken; a union of more than
+    :data:`~.validate.MAX_CHECKPOINT_FILES` drops ``files`` (unattributed) instead
+    of refusing the stamp.
+    """
     stamp = at or utc_now()
+    if files is not None:
+        for path in files:
+            problem = cache_path_problem(path)
+            if problem:
+                raise ValueError(f"files: {path!r} {problem}")
+    cache_root = layout.cache_root
 
     def mutate(data: Manifest) -> CheckpointRecord:
         entry = _checkpoint_entry(_env_entry(data, env_name), checkpoint)
         entry["fetched_at"] = stamp
+        if files is not None:
+            kept = [p for p in entry.get("files", []) if os.path.lexists(cache_root / p)]
+            merged = sorted({*kept, *files})
+            if len(merged) <= MAX_CHECKPOINT_FILES:
+                entry["files"] = merged
+            else:
+                entry.pop("files", None)
         return copy.deepcopy(entry)
 
     return update_manifest(layout, mutate, timeout)

@@ -46,7 +46,10 @@ _TOP_KEYS = frozenset(
     ("schema_version", "clusters", "created_at", "updated_at", "written_by", "envs")
 )
 _ENV_KEYS = frozenset((*ENV_TEXT_FIELDS, "built_at", "checkpoints"))
-_CHECKPOINT_KEYS = frozenset(("fetched_at", "verifications"))
+_CHECKPOINT_KEYS = frozenset(("fetched_at", "files", "verifications"))
+#: The most entries a checkpoint's ``files`` may list; a download that brings more
+#: is recorded without ``files`` (unattributed: ``prune`` never deletes its weights).
+MAX_CHECKPOINT_FILES = 100_000
 _RECORD_KEYS = frozenset(
     (
         "state",
@@ -199,6 +202,9 @@ class _Walk:
         if not isinstance(entry, dict):
             raise SchemaProblem(where, _must("an object", entry))
         self.time_or_null(entry, where, "fetched_at")
+        files = entry.get("files", _MISSING)
+        if files is not _MISSING:
+            _files(files, (*where, "files"))
         verifications = entry.get("verifications", _MISSING)
         if verifications is not _MISSING:
             if not isinstance(verifications, dict):
@@ -335,6 +341,39 @@ class _Walk:
             self.good_clusters.add(name)
         else:
             self.names.append(StoredName("cluster name", name, json_path(where)))
+
+
+def cache_path_problem(value: Any) -> str | None:
+    """Why ``value`` is not a clean path relative to the cache root, or None.
+
+    Clean: non-empty text, ``/``-separated, not absolute, with no NUL and no empty,
+    ``.`` or ``..`` component, so joined to the cache root it can never leave it.
+    """
+    if not isinstance(value, str):
+        return _must("a path relative to the cache root (text)", value)
+    if not value:
+        return "must be a path relative to the cache root, not empty text"
+    if "\0" in value:
+        return "must not hold a NUL character"
+    if value.startswith("/"):
+        return f"must be relative to the cache root, not the absolute path {describe(value)}"
+    if any(part in ("", ".", "..") for part in value.split("/")):
+        return f"must be a clean relative path (no empty, '.' or '..' part), not {describe(value)}"
+    return None
+
+
+def _files(files: Any, where: Path) -> None:
+    """A checkpoint's ``files``: a list of clean cache-root-relative paths, bounded."""
+    if not isinstance(files, list):
+        raise SchemaProblem(where, _must("a list of paths relative to the cache root", files))
+    if len(files) > MAX_CHECKPOINT_FILES:
+        raise SchemaProblem(
+            where, f"must list at most {MAX_CHECKPOINT_FILES} files, not {len(files)}"
+        )
+    for index, value in enumerate(files):
+        problem = cache_path_problem(value)
+        if problem:
+            raise SchemaProblem((*where, index), problem)
 
 
 def _fingerprint(fingerprint: Any, parent: Path, field: str, memo: dict[str, Any]) -> None:
