@@ -102,6 +102,27 @@ class Count(click.ParamType):
         return f"Count({self.minimum}, {self.maximum})"
 
 
+class Hours(click.ParamType):
+    """An age in hours: finite, 0 or more, at most :data:`MAX_SECONDS` (a year)."""
+
+    name = "hours"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        """Parse ``value`` into hours (``0`` means "whatever its age")."""
+        if isinstance(value, bool):
+            self.fail(f"{value!r} is not a number of hours", param, ctx)
+        try:
+            hours = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of hours", param, ctx)
+        maximum = MAX_SECONDS / 3600
+        if not math.isfinite(hours) or not 0 <= hours <= maximum:
+            self.fail(f"{value!r} is out of range; give 0 to {maximum:g} hours", param, ctx)
+        return hours
+
+
 def timeout_seconds(zero_means: str | None = None) -> Seconds:
     """The type of every ``--*-timeout`` option."""
     return Seconds(zero_means=zero_means)
@@ -111,6 +132,7 @@ JOBS = Count(1, MAX_JOBS)
 CALLS = Count(1, MAX_CALLS)
 WARMUP = Count(0, MAX_CALLS)
 EVERY_N = Count(1, 1_000_000_000)
+HOURS = Hours()
 PORT = Count(0, 65535)
 # 1 KiB (a push is never smaller) to 1 TiB (beyond that is a typo).
 BODY_BYTES = Count(1024, 2**40)

@@ -73,6 +73,7 @@ class CarriedOut:
 
     deleted: list[str] = field(default_factory=list)
     spared: list[str] = field(default_factory=list)  # generations a worker still uses
+    failed: list[str] = field(default_factory=list)  # "path: why" for what could not go
     freed_bytes: int = 0
 
 
@@ -168,10 +169,12 @@ def env_generations(layout: InstallLayout, name: str) -> list[Path]:
     except OSError:
         return []
     prefix = f".{name}."
+    # A build id has no dot: ``.a.b.<id>`` is a generation of env ``a.b``, not of ``a``.
     return sorted(
         e
         for e in entries
         if e.name.startswith(prefix)
+        and "." not in e.name[len(prefix) :]
         and not e.name.startswith(f"{prefix}link-")
         and e.is_dir()
         and not e.is_symlink()
@@ -194,10 +197,13 @@ def empty_trash(layout: InstallLayout, done: CarriedOut) -> None:
         return
     for entry in entries:
         done.freed_bytes += freed_by(entry)
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink(missing_ok=True)
+        except OSError as exc:
+            done.failed.append(f".trash/{entry.name}: {exc.strerror or exc}")
 
 
 def still_recorded(manifest: Manifest) -> tuple[set[str], set[str]]:
@@ -228,30 +234,40 @@ def carry_out(layout: InstallLayout, journal: PruneJournal, manifest: Manifest) 
         [r for r in journal.registered if _registered_env(r) not in kept_envs],
     )
     for relative in journal.files:
-        path = layout.cache_root / relative
-        done.freed_bytes += freed_by(path)
-        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-            path.unlink()
-            done.deleted.append(relative)
+        _unlink(layout.cache_root / relative, relative, done)
     for relative in journal.registered:
-        path = layout.root / relative
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-            done.deleted.append(relative)
+        _unlink(layout.root / relative, relative, done)
     for name in journal.envs:
         link = layout.env_dir(name)
         if link.is_symlink():
-            link.unlink(missing_ok=True)
-            done.deleted.append(f"envs/{name}")
+            _unlink(link, f"envs/{name}", done)
         for generation in env_generations(layout, name):
             with claim_generation(generation) as claimed:
                 if claimed is False:
                     done.spared.append(f"envs/{generation.name}")
                     continue
-                move_to_trash(layout, generation)
+                try:
+                    move_to_trash(layout, generation)
+                except OSError as exc:
+                    done.failed.append(f"envs/{generation.name}: {exc.strerror or exc}")
+                    continue
                 done.deleted.append(f"envs/{generation.name}")
     empty_trash(layout, done)
     return done
+
+
+def _unlink(path: Path, relative: str, done: CarriedOut) -> None:
+    """Delete one file; what is gone already (or is a directory) is skipped."""
+    freed = freed_by(path)
+    try:
+        path.unlink()
+    except (FileNotFoundError, IsADirectoryError):
+        return
+    except OSError as exc:
+        done.failed.append(f"{relative}: {exc.strerror or exc}")
+        return
+    done.freed_bytes += freed
+    done.deleted.append(relative)
 
 
 def _registered_env(relative: str) -> str:
