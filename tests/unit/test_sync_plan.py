@@ -553,3 +553,11 @@ def test_the_run_defaults_are_add_and_verify_defaults() -> None:
     assert sync.DEFAULT_VERIFY_TIMEOUT == verify.DEFAULT_VERIFY_TIMEOUT
     assert sync.DEFAULT_DOWNLOAD_TIMEOUT == add.DEFAULT_DOWNLOAD_TIMEOUT
     assert SyncRun().verify_timeout == verify.DEFAULT_VERIFY_TIMEOUT
+
+
+def test_syncs_default_timeouts_are_adds_and_verifys():
+    # ops/sync.py repeats them so that a no-op sync need not import verify and add.
+    from rootstock.ops import add, sync, verify
+
+    assert sync.DEFAULT_VERIFY_TIMEOUT == verify.DEFAULT_VERIFY_TIMEOUT
+    assert sync.DEFAULT_DOWNLOAD_TIMEOUT == add.DEFAULT_DOWNLOAD_TIMEOUT

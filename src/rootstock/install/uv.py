@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,16 +37,25 @@ _SCRUBBED = (
 )
 
 
-def uv_binary() -> str:
-    """The uv executable: the one shipped by the ``uv`` PyPI package, else PATH."""
-    try:
-        from uv import find_uv_bin
+_lookup_lock = threading.Lock()
 
-        return find_uv_bin()
-    except (ImportError, FileNotFoundError):
-        found = shutil.which("uv")
-        if found:
-            return found
+
+def uv_binary() -> str:
+    """The uv executable: the one shipped by the ``uv`` PyPI package, else PATH.
+
+    Serialised: ``find_uv_bin`` reads ``sysconfig``, whose lazy set-up on Python 3.11
+    is not thread-safe (two builds of a ``sync --jobs`` pool starting at once saw
+    ``get_config_var("EXE")`` as None).
+    """
+    with _lookup_lock:
+        try:
+            from uv import find_uv_bin
+
+            return find_uv_bin()
+        except (ImportError, FileNotFoundError):
+            found = shutil.which("uv")
+            if found:
+                return found
     raise BuildError(
         "cannot find the uv executable",
         hint="reinstall rootstock (it depends on the `uv` package), or put uv on PATH",

@@ -23,7 +23,6 @@ reported with its reason. ``fail_fast`` cancels everything not yet started.
 from __future__ import annotations
 
 import queue
-import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -329,10 +328,6 @@ class _Executor:
             self.slots.put(slot)
 
     def run(self) -> None:
-        # Python 3.11's sysconfig publishes its config dict empty and fills it after
-        # (not thread-safe), and the first uv lookup reads it: builds started side by
-        # side saw get_config_var("EXE") as None. Fill it once, before any pool.
-        sysconfig.get_config_vars()
         builds = self.plan.phase_items("build")
         if any(not item.blocked for item in builds):
             for directory in (
