@@ -176,7 +176,9 @@ def _execute(
         warn_about_perms(layout)
     dashboard = auto_push_dashboard(no_push, asked_by="--push-every" if push_every else None)
     cluster = prepared.state.cluster
-    with snapshot_pushes(layout, dashboard, cluster, push_every, show_notice) as snapshots:
+    with snapshot_pushes(
+        layout, dashboard, cluster, push_every, show_notice, command="sync"
+    ) as snapshots:
         with _progress(len(prepared.plan.items), enabled=not as_json) as shown:
             hooks = SyncHooks(
                 on_item_start=shown.start,

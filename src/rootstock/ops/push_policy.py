@@ -150,7 +150,7 @@ def push_notices(
 
 
 class SnapshotPushes:
-    """The ``--push-every`` snapshots of one smoke-test run, pushed in the background."""
+    """The ``--push-every`` snapshots of one smoke-test or sync run, pushed in the background."""
 
     def __init__(self, pusher: SnapshotPusher, dashboard: Dashboard) -> None:
         self.pusher = pusher
@@ -178,8 +178,9 @@ def snapshot_pushes(
     cluster: str | None,
     every: int | None,
     on_notice: Callable[[PushNotice], None],
+    command: str = "smoke-test",
 ) -> Iterator[SnapshotPushes | None]:
-    """Yield the snapshot pushes of ``smoke-test --push-every``, or None without pushes.
+    """Yield the snapshot pushes of ``<command> --push-every``, or None without pushes.
 
     Each snapshot is ``cluster``'s view; the lines about it go to ``on_notice`` on the
     pushing thread, a failure repeated with the same cause only once. Leaving on an
@@ -193,7 +194,7 @@ def snapshot_pushes(
     seen: set[str] = set()
 
     def on_report(report: PushReport) -> None:
-        for notice in push_notices(report, "smoke-test --push-every", seen):
+        for notice in push_notices(report, f"{command} --push-every", seen):
             on_notice(notice)
 
     pusher = SnapshotPusher(
