@@ -146,6 +146,30 @@ def watch_until_gone(ancestor: int, grace: float) -> tuple[list[int], float | No
         time.sleep(POLL_S)
 
 
+def kill_after_mark(
+    proc: subprocess.Popen, spec: dict[str, Any], mark: bytes, delay: float, start: float,
+    report: dict[str, Any],
+) -> bool:  # fmt: skip
+    """SIGKILL ``proc`` ``delay`` s after ``mark`` first shows in its output; True if killed.
+
+    A run that ends before that moment (or before the mark) is not killed.
+    """
+    deadline: float | None = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if deadline is None:
+            seen = any(mark in Path(spec[name]).read_bytes() for name in ("stdout", "stderr"))
+            if seen:
+                report["mark_at"] = now - start
+                deadline = now + delay
+        if deadline is not None and now >= deadline:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
+        time.sleep(POLL_S / 5)
+    return False
+
+
 def harness(spec: dict[str, Any]) -> dict[str, Any]:
     """Run one trial as ``spec`` says; see the module docstring. Returns the report."""
     become_subreaper()
@@ -160,19 +184,23 @@ def harness(spec: dict[str, Any]) -> dict[str, Any]:
     signal.alarm(int(spec["deadline"]))
 
     kill_after = spec.get("kill_after")
-    report: dict[str, Any] = {"kill_after": kill_after}
+    mark = spec.get("after_mark")
+    report: dict[str, Any] = {"kill_after": kill_after, "mark_at": None}
     with open(spec["stdout"], "wb") as out, open(spec["stderr"], "wb") as err:
         start = time.monotonic()
         proc = subprocess.Popen(
             spec["argv"], env=spec["env"], stdin=subprocess.DEVNULL, stdout=out, stderr=err
         )
-    try:
-        proc.wait(timeout=kill_after)
-        report["killed"] = False
-    except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        report["killed"] = True
+    if mark is None:
+        try:
+            proc.wait(timeout=kill_after)
+            report["killed"] = False
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            report["killed"] = True
+    else:
+        report["killed"] = kill_after_mark(proc, spec, mark.encode(), kill_after, start, report)
     report["elapsed"] = time.monotonic() - start
     report["returncode"] = proc.returncode
     survivors, cleared = watch_until_gone(me, float(spec["grace"]))
@@ -190,6 +218,7 @@ class TrialResult:
     """One trial's report, plus the command's captured output."""
 
     kill_after: float | None
+    mark_at: float | None
     killed: bool
     elapsed: float
     returncode: int
@@ -212,9 +241,12 @@ def run_trial(
     kill_after: float | None,
     grace: float = 5.0,
     timeout: float = 300.0,
+    after_mark: str | None = None,
 ) -> TrialResult:
     """Run ``argv`` under the harness; SIGKILL it after ``kill_after`` s (None: never).
 
+    With ``after_mark``, the ``kill_after`` s count from the moment that text first
+    shows in the command's output (``mark_at`` in the result), not from its start.
     Survivors are the processes of the command still alive ``grace`` s after it was
     killed (or after it exited on its own). The harness gets ``timeout`` s in all.
     """
@@ -223,6 +255,7 @@ def run_trial(
         "argv": argv,
         "env": env,
         "kill_after": kill_after,
+        "after_mark": after_mark,
         "grace": grace,
         "deadline": timeout,
         "stdout": str(log_dir / "stdout"),
