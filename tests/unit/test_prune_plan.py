@@ -453,3 +453,20 @@ def test_an_env_named_like_a_prefix_keeps_the_other_envs_generations(
     assert [(e.kind, e.name) for e in plan.entries] == [("env", "a")]
     assert prune(layout, plan).ok
     assert kept.is_dir() and layout.env_source("a.b").is_file()
+
+
+def test_deleting_a_checkpoints_files_removes_the_directories_it_leaves_empty(
+    layout: InstallLayout,
+) -> None:
+    from rootstock.install.prune_journal import carry_out
+
+    gone = layout.cache_dir / "hub" / "models--x" / "blobs" / "abc"
+    other = layout.cache_dir / "hub" / "models--y" / "blobs" / "def"
+    for path in (gone, other):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"w")
+    journal = PruneJournal(files=["cache/hub/models--x/blobs/abc"])
+    carry_out(layout, journal, {"schema_version": 1, "clusters": ["testbox"], "envs": {}})
+    assert not (layout.cache_dir / "hub" / "models--x").exists()
+    assert other.read_bytes() == b"w"  # a sibling's directories stay
+    assert layout.cache_dir.is_dir()  # cache/ itself is never removed

@@ -235,6 +235,7 @@ def carry_out(layout: InstallLayout, journal: PruneJournal, manifest: Manifest) 
     )
     for relative in journal.files:
         _unlink(layout.cache_root / relative, relative, done)
+        _remove_empty_parents(layout, layout.cache_root / relative)
     for relative in journal.registered:
         _unlink(layout.root / relative, relative, done)
     for name in journal.envs:
@@ -273,6 +274,18 @@ def _unlink(path: Path, relative: str, done: CarriedOut) -> None:
 def _registered_env(relative: str) -> str:
     """The env a registered file (``environments/<n>.py`` or ``<n>.py.lock``) belongs to."""
     return PurePosixPath(relative).name.removesuffix(".lock").removesuffix(".py")
+
+
+def _remove_empty_parents(layout: InstallLayout, path: Path) -> None:
+    """Remove the directories a deleted file leaves empty, up to ``cache/`` or ``home/``."""
+    tops = (layout.cache_dir, layout.home_dir)
+    parent = path.parent
+    while parent not in tops and any(parent.is_relative_to(top) for top in tops):
+        try:
+            parent.rmdir()  # only ever an empty one
+        except OSError:
+            return
+        parent = parent.parent
 
 
 def finish_pending_prune(layout: InstallLayout) -> CarriedOut | None:

@@ -21,7 +21,7 @@ from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import Manifest
 from rootstock.install.parsing import loads_json
 from rootstock.install.prune_journal import freed_by
-from rootstock.ops.prune_plan import PruneEntry, PrunePlan, covers, old_enough, root_relative
+from rootstock.ops.prune_plan import Listed, PruneEntry, PrunePlan, old_enough, root_relative
 
 
 def plan_garbage(
@@ -229,19 +229,21 @@ def _plan_unattributed(
     layout: InstallLayout, plan: PrunePlan, manifest: Manifest, now: float
 ) -> None:
     """Count what no record's ``files`` lists under cache/ and home/; list it with --deep."""
-    listed = {
-        f
-        for record in manifest.get("envs", {}).values()
-        for entry in (record.get("checkpoints") or {}).values()
-        for f in (entry.get("files") or [])
-        if isinstance(f, str)
-    }
+    listed = Listed(
+        {
+            f
+            for record in manifest.get("envs", {}).values()
+            for entry in (record.get("checkpoints") or {}).values()
+            for f in (entry.get("files") or [])
+            if isinstance(f, str)
+        }
+    )
     summary = plan.unattributed
     old: dict[str, list[Path]] = {}
     for top_dir in (layout.cache_dir, layout.home_dir):
         for path in _walk_files(top_dir):
             rel = str(path.relative_to(layout.cache_root))
-            if covers(rel, listed):
+            if listed.covers(rel):
                 continue
             size = freed_by(path)
             top = "/".join(PurePosixPath(rel).parts[:2])

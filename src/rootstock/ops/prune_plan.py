@@ -196,13 +196,32 @@ def other_clusters_served(
     return sorted(mine & {c.lower() for c in served})
 
 
+class Listed:
+    """A set of listed paths, indexed once so that :meth:`covers` is quick.
+
+    A prune asks about every attributed file and every file under cache/ and home/:
+    scanning the whole list per question would make a large install quadratic.
+    """
+
+    def __init__(self, paths: set[str]) -> None:
+        self.paths = paths
+        self.parents = {
+            str(PurePosixPath(*parts[:i]))
+            for parts in (PurePosixPath(p).parts for p in paths)
+            for i in range(1, len(parts))
+        }
+
+    def covers(self, path: str) -> bool:
+        """``path`` is listed, lies under a listed directory, or holds a listed file."""
+        if path in self.paths or path in self.parents:
+            return True
+        parts = PurePosixPath(path).parts
+        return any(str(PurePosixPath(*parts[:i])) in self.paths for i in range(1, len(parts)))
+
+
 def covers(path: str, listed: set[str]) -> bool:
     """``path`` is listed, lies under a listed directory, or holds a listed file."""
-    parts = PurePosixPath(path).parts
-    if any(str(PurePosixPath(*parts[: i + 1])) in listed for i in range(len(parts))):
-        return True
-    prefix = path + "/"
-    return any(other.startswith(prefix) for other in listed)
+    return Listed(listed).covers(path)
 
 
 def record_files(manifest: Manifest, key: RecordKey) -> list[str] | None:
@@ -234,13 +253,12 @@ def files_to_delete(
     deleted: dict[RecordKey, list[str]] = {}
     shared: dict[RecordKey, list[str]] = {}
     taken: set[str] = set()
+    kept = Listed(surviving)
     for key in sorted(keys):
         files = [f for f in record_files(manifest, key) or [] if isinstance(f, str)]
-        shared[key] = [f for f in files if covers(f, surviving)]
+        shared[key] = [f for f in files if kept.covers(f)]
         deleted[key] = [
-            f
-            for f in files
-            if f not in taken and not covers(f, surviving) and safe_relative(f) == f
+            f for f in files if f not in taken and not kept.covers(f) and safe_relative(f) == f
         ]
         taken.update(deleted[key])
     return deleted, shared
