@@ -19,8 +19,6 @@ from rootstock.install.layout import InstallLayout
 from rootstock.ops import sources
 from rootstock.ops.sources import EnvSource, GitSpec, open_source, parse_source_spec
 
-AS_ROOT = os.geteuid() == 0
-
 
 @pytest.fixture
 def layout(tmp_path: Path) -> InstallLayout:
@@ -247,25 +245,21 @@ def test_an_unreadable_env_file_is_named(
     assert caught.message == f"cannot read env file {locked}: Permission denied"
 
 
-@pytest.mark.skipif(AS_ROOT, reason="root reads every file whatever its mode")
-def test_an_unreadable_env_file_by_its_mode(tmp_path: Path, layout: InstallLayout) -> None:
-    src = tmp_path / "envs"
-    locked = write(src / "b.py")
-    locked.chmod(0)
-    refusal(layout, str(src), SourceError, match=re.escape(f"cannot read env file {locked}"))
-
-
-@pytest.mark.skipif(AS_ROOT, reason="root lists every directory whatever its mode")
-def test_an_unlistable_directory(tmp_path: Path, layout: InstallLayout) -> None:
+def test_an_unlistable_directory(
+    tmp_path: Path, layout: InstallLayout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Refused by the listing itself, as a mode 0300 directory refuses any user but root.
     src = tmp_path / "envs"
     write(src / "a.py")
-    src.chmod(0o300)
-    try:
-        refusal(
-            layout, str(src), SourceError, match=re.escape(f"cannot list SOURCE directory {src}")
-        )
-    finally:
-        src.chmod(0o700)
+    real_listdir = os.listdir
+
+    def refusing_listdir(path: object) -> list[str]:
+        if Path(str(path)) == src:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_listdir(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sources.os, "listdir", refusing_listdir)
+    refusal(layout, str(src), SourceError, match=re.escape(f"cannot list SOURCE directory {src}"))
 
 
 # --- the registered SOURCE ---------------------------------------------------------------
