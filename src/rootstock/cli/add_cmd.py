@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from rootstock.cli.common import emit_json, layout_from, progress, root_options, warn
-from rootstock.cli.options import DEVICE, timeout_seconds
+from rootstock.cli.options import DEVICE, verify_timeout_option
 
 if TYPE_CHECKING:
     from rootstock.install.layout import InstallLayout
@@ -33,13 +33,7 @@ if TYPE_CHECKING:
     help="Keyword for setup() (JSON-decoded, else a string). Repeatable. "
     "Without any, VERIFY_KWARGS applies.",
 )
-@click.option(
-    "--verify-timeout",
-    type=timeout_seconds(),
-    default=600.0,
-    show_default=True,
-    help="Seconds to wait for the worker's forward pass.",
-)
+@verify_timeout_option
 @click.option("--force", is_flag=True, help="Download again even if already fetched.")
 @click.option(
     "--accept-drift", is_flag=True, help="Accept this result as the new reference fingerprint."

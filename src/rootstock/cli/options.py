@@ -211,3 +211,12 @@ SETUP_KWARGS = CheckedBy("json", _setup_kwargs)
 weights_option = click.option(
     "--weights", type=click.Path(), help="Your weights, for <family>:custom ids."
 )
+
+# add, smoke-test and sync verify with the same bound on each forward pass.
+verify_timeout_option = click.option(
+    "--verify-timeout",
+    type=timeout_seconds(),
+    default=600.0,
+    show_default=True,
+    help="Seconds to wait for each forward pass.",
+)

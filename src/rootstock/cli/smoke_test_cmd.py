@@ -7,7 +7,7 @@ import sys
 import click
 
 from rootstock.cli.common import emit_json, layout_from, root_options
-from rootstock.cli.options import DEVICE, EVERY_N, JOBS, timeout_seconds
+from rootstock.cli.options import DEVICE, EVERY_N, JOBS, verify_timeout_option
 
 
 @click.command("smoke-test")
@@ -17,13 +17,7 @@ from rootstock.cli.options import DEVICE, EVERY_N, JOBS, timeout_seconds
 @click.option(
     "--device", type=DEVICE, default="cuda", show_default=True, help="cpu, cuda[:N] or xpu[:N]."
 )
-@click.option(
-    "--verify-timeout",
-    type=timeout_seconds(),
-    default=600.0,
-    show_default=True,
-    help="Seconds to wait for each forward pass.",
-)
+@verify_timeout_option
 @click.option(
     "--jobs",
     type=JOBS,

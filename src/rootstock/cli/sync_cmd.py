@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rootstock.cli.common import emit_json, layout_from, root_options
-from rootstock.cli.options import DEVICE, EVERY_N, JOBS, CheckedBy, timeout_seconds
+from rootstock.cli.options import DEVICE, EVERY_N, JOBS, CheckedBy, verify_timeout_option
 
 if TYPE_CHECKING:
     from rich.status import Status
@@ -54,13 +54,7 @@ PHASES = CheckedBy("phases", _phases)
 @click.option(
     "--device", type=DEVICE, default="cuda", show_default=True, help="Verify on cpu, cuda[:N]..."
 )
-@click.option(
-    "--verify-timeout",
-    type=timeout_seconds(),
-    default=600.0,
-    show_default=True,
-    help="Seconds to wait for each forward pass.",
-)
+@verify_timeout_option
 @click.option(
     "--jobs", type=JOBS, default=4, show_default=True, help="Builds and downloads run N at once."
 )
