@@ -6,10 +6,14 @@ these machines are too noisy for a timing to fail a build.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
 def timed(func: Callable[[], object]) -> float:
@@ -44,3 +48,33 @@ def print_table(title: str, rows: list[tuple[str, str, str, str]]) -> None:
     print(f"\n{title}")
     for row in [header, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def sha256(text: str) -> str:
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def write_built_env(
+    root: Path, name: str, index: int, source: str, stamp: str, versions: dict
+) -> dict:
+    """A fake built env: ``envs/<name>`` with its source and build metadata, and the
+    registered source. Returns the build record that verifications point at."""
+    env_dir = root / "envs" / name
+    env_dir.mkdir()
+    (env_dir / "env_source.py").write_text(source)
+    (root / "environments" / f"{name}.py").write_text(source)
+    build = {
+        "build_id": f"build-{index:02d}",
+        "source_hash": sha256(source),
+        "built_at": stamp,
+        "lock_hash": sha256(name),
+    }
+    metadata = {
+        **build,
+        "name": name,
+        "locked": True,
+        "interpreter": {"path": sys.executable, "source": "local"},
+        "versions": versions,
+    }
+    (env_dir / "rootstock-env.json").write_text(json.dumps(metadata))
+    return build

@@ -28,7 +28,6 @@ Reports a table; never asserts (these machines are too noisy for that).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -38,7 +37,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import median, print_table, run, timed
+from _common import median, print_table, run, timed, write_built_env
 
 N_ENVS, N_CHECKPOINTS, CLUSTERS = 40, 25, ("alpha", "beta", "gamma")
 N_VARIANTS = 4  # the last envs are gamma-only variants shadowing the first envs' ids
@@ -65,10 +64,6 @@ def setup(checkpoint, device="cuda", **kw):
 
     return EMT()
 '''
-
-
-def sha256(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def env_ids(index: int) -> list[str]:
@@ -123,27 +118,8 @@ def synthetic_install(root: Path) -> None:
             clusters='CLUSTERS = ["gamma"]\n' if variant else "",
             first=ids[0],
         )
-        env_dir = root / "envs" / name
-        env_dir.mkdir()
-        (env_dir / "env_source.py").write_text(source)
-        (root / "environments" / f"{name}.py").write_text(source)
-        build = {
-            "build_id": f"build-{i:02d}",
-            "source_hash": sha256(source),
-            "built_at": STAMP,
-            "lock_hash": sha256(name),
-        }
-        (env_dir / "rootstock-env.json").write_text(
-            json.dumps(
-                {
-                    **build,
-                    "name": name,
-                    "locked": True,
-                    "interpreter": {"path": sys.executable, "source": "local"},
-                    "versions": {"python": "3.11.9", "torch": "2.4.0", "ase": "3.23.0"},
-                }
-            )
-        )
+        versions = {"python": "3.11.9", "torch": "2.4.0", "ase": "3.23.0"}
+        build = write_built_env(root, name, i, source, STAMP, versions)
         checkpoints = {}
         for j, checkpoint in enumerate(ids):
             served = ("gamma",) if variant else CLUSTERS

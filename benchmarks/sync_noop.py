@@ -19,7 +19,6 @@ Reports a table; never asserts (these machines are too noisy for that).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -29,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import median, print_table, run, timed
+from _common import median, print_table, run, timed, write_built_env
 
 N_ENVS, N_CHECKPOINTS, CLUSTER = 7, 25, "bench"
 STAMP = "2025-03-01T09:00:00+00:00"
@@ -51,10 +50,6 @@ def setup(checkpoint, device="cuda", **kw):
 
     return EMT()
 '''
-
-
-def sha256(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def verified(build: dict) -> dict:
@@ -106,28 +101,9 @@ def synthetic_install(root: Path, source: Path) -> None:
         text = ENV_SOURCE.format(
             name=name, checkpoints="{" + ", ".join(f'"{c}": "{c}"' for c in ids) + "}"
         )
-        env_dir = root / "envs" / name
-        env_dir.mkdir()
-        (env_dir / "env_source.py").write_text(text)
-        (root / "environments" / f"{name}.py").write_text(text)
         (source / f"{name}.py").write_text(text)
-        build = {
-            "build_id": f"build-{i:02d}",
-            "source_hash": sha256(text),
-            "built_at": STAMP,
-            "lock_hash": sha256(name),
-        }
-        (env_dir / "rootstock-env.json").write_text(
-            json.dumps(
-                {
-                    **build,
-                    "name": name,
-                    "locked": True,
-                    "interpreter": {"path": sys.executable, "source": "local"},
-                    "versions": {"python": "3.11.9", "ase": "3.23.0", "rootstock": __version__},
-                }
-            )
-        )
+        versions = {"python": "3.11.9", "ase": "3.23.0", "rootstock": __version__}
+        build = write_built_env(root, name, i, text, STAMP, versions)
         manifest["envs"][name] = {
             **build,
             "python": "3.11.9",
