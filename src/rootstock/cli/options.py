@@ -220,3 +220,11 @@ verify_timeout_option = click.option(
     show_default=True,
     help="Seconds to wait for each forward pass.",
 )
+
+# smoke-test and sync push snapshots the same way.
+push_every_option = click.option(
+    "--push-every",
+    type=EVERY_N,
+    metavar="N",
+    help="Push a manifest snapshot to the dashboard after every N results.",
+)

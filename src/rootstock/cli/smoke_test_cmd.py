@@ -7,7 +7,7 @@ import sys
 import click
 
 from rootstock.cli.common import emit_json, layout_from, root_options
-from rootstock.cli.options import DEVICE, EVERY_N, JOBS, verify_timeout_option
+from rootstock.cli.options import DEVICE, JOBS, push_every_option, verify_timeout_option
 
 
 @click.command("smoke-test")
@@ -25,12 +25,7 @@ from rootstock.cli.options import DEVICE, EVERY_N, JOBS, verify_timeout_option
     show_default=True,
     help="Verify N checkpoints at once (cuda: one GPU each, cuda:0..N-1).",
 )
-@click.option(
-    "--push-every",
-    type=EVERY_N,
-    metavar="N",
-    help="Push a manifest snapshot to the dashboard after every N results.",
-)
+@push_every_option
 @click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
 @click.option("--json", "as_json", is_flag=True, help="Print a per-checkpoint summary as JSON.")
 def smoke_test(

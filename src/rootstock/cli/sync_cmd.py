@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from rootstock.cli.common import emit_json, layout_from, root_options
-from rootstock.cli.options import DEVICE, EVERY_N, JOBS, CheckedBy, verify_timeout_option
+from rootstock.cli.options import DEVICE, JOBS, CheckedBy, push_every_option, verify_timeout_option
 
 if TYPE_CHECKING:
     from rich.status import Status
@@ -66,12 +66,7 @@ PHASES = CheckedBy("phases", _phases)
     help="Verify N checkpoints at once (cuda: one GPU each, cuda:0..N-1).",
 )
 @click.option("--fail-fast", is_flag=True, help="Stop at the first failure; cancel what waits.")
-@click.option(
-    "--push-every",
-    type=EVERY_N,
-    metavar="N",
-    help="Push a manifest snapshot to the dashboard after every N results.",
-)
+@push_every_option
 @click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
 @click.option("--no-perm-check", is_flag=True, help="Skip the up-front permission check.")
 @click.option("--dry-run", is_flag=True, help="Show the plan; build, fetch and verify nothing.")
