@@ -11,9 +11,11 @@ first reply, so ``implemented_properties`` is per instance.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,8 @@ from rootstock.runtime.spec import WorkerOptions, WorkerSpec, resolve_worker_spe
 log = logging.getLogger("rootstock.calculator")
 
 DEFAULT_TIMEOUT = 1800.0
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_MAX_ATOMS_PER_CHUNK = 20_000
 # What every instance computes; the model's extras are added once the worker says.
 BASE_PROPERTIES = ("energy", "free_energy", "forces", "stress")
 _BASE_SET = frozenset(BASE_PROPERTIES)
@@ -96,6 +100,18 @@ class RootstockCalculator(Calculator):
         Accept NaN or inf in the model's energy, forces and stress. By default
         they raise :class:`~rootstock.errors.WorkerError` (the worker stays up), as
         does a result of the wrong type or shape, which is never accepted.
+    batch_size, max_atoms_per_chunk:
+        How :meth:`calculate_batch` cuts its input into chunks (one round trip
+        each): at most ``batch_size`` structures and ``max_atoms_per_chunk`` atoms;
+        a larger structure goes alone.
+    shared:
+        Share one worker with the other calculators of this process that have the
+        same worker key (:mod:`rootstock.runtime.worker_key`); ``False`` gives this
+        calculator a worker of its own.
+    pool:
+        Attach to the user's pooled worker for this key (``rootstock workers``),
+        starting one that outlives this process until its idle timeout. ``None``
+        reads ``$ROOTSTOCK_POOL`` (``1`` turns it on).
 
     Attributes
     ----------
@@ -124,11 +140,16 @@ class RootstockCalculator(Calculator):
         timeout: float | None = DEFAULT_TIMEOUT,
         weights: str | os.PathLike[str] | None = None,
         allow_nonfinite: bool = False,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        max_atoms_per_chunk: int = DEFAULT_MAX_ATOMS_PER_CHUNK,
+        shared: bool = True,
+        pool: bool | None = None,
     ) -> None:
         options = WorkerOptions(
             root, cluster, cache_root, device=device, setup_kwargs=setup_kwargs, weights=weights
         )
         self._bind(resolve_worker_spec(checkpoint, options), timeout, allow_nonfinite)
+        self._bind_sharing(batch_size, max_atoms_per_chunk, shared, pool)
 
     @classmethod
     def from_spec(
@@ -144,6 +165,8 @@ class RootstockCalculator(Calculator):
         """
         calc = cls.__new__(cls)
         calc._bind(spec, timeout, allow_nonfinite)
+        # Verification wants a worker of its own: never a warm one another caller shares.
+        calc._bind_sharing(DEFAULT_BATCH_SIZE, DEFAULT_MAX_ATOMS_PER_CHUNK, False, False)
         return calc
 
     def _bind(self, spec: WorkerSpec, timeout: float | None, allow_nonfinite: bool) -> None:
@@ -173,6 +196,24 @@ class RootstockCalculator(Calculator):
         self.implemented_properties = BASE_PROPERTIES
         self.model_dtype: str | None = None
 
+    def _bind_sharing(
+        self, batch_size: int, max_atoms_per_chunk: int, shared: bool, pool: bool | None
+    ) -> None:
+        for name, value in (
+            ("batch_size", batch_size),
+            ("max_atoms_per_chunk", max_atoms_per_chunk),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UsageError(f"{name} must be a positive integer, not {value!r}")
+        if not isinstance(shared, bool):
+            raise UsageError(f"shared must be True or False, not {shared!r}")
+        if pool is not None and not isinstance(pool, bool):
+            raise UsageError(f"pool must be True, False or None, not {pool!r}")
+        self.batch_size = batch_size
+        self.max_atoms_per_chunk = max_atoms_per_chunk
+        self.shared = shared
+        self.pool = os.environ.get("ROOTSTOCK_POOL", "") == "1" if pool is None else pool
+
     # --- worker lifecycle -------------------------------------------------------------
 
     @property
@@ -195,6 +236,15 @@ class RootstockCalculator(Calculator):
                 self.spec, timeout=self.timeout, allow_nonfinite=self.allow_nonfinite
             ).start()
         return session
+
+    @contextlib.contextmanager
+    def _using_worker(self) -> Iterator[WorkerSession]:
+        """The live worker session, held for one call (one request and its reply).
+
+        Every call to the worker goes through here, so a worker shared with other
+        calculators is used by one caller at a time.
+        """
+        yield self._worker()
 
     def close(self) -> None:
         """Stop the worker; the next calculation would start a fresh one."""
@@ -271,7 +321,8 @@ class RootstockCalculator(Calculator):
             self._request_extras(properties)
         text = info_json(atoms.info)
         try:
-            reply = self._worker().compute(atoms, text, want_stress, self._extras_requested)
+            with self._using_worker() as session:
+                reply = session.compute(atoms, text, want_stress, self._extras_requested)
         except WorkerError:
             # An extra that made the model (or its check) fail is not asked for again.
             self._extras_requested = requested
@@ -304,6 +355,22 @@ class RootstockCalculator(Calculator):
                 ]
             )
         self.results = results
+
+    def calculate_batch(
+        self,
+        images: Iterable[Any],
+        properties: Iterable[str] = ("energy", "forces", "stress"),
+        batch_size: int | None = None,
+        errors: str = "raise",
+    ) -> list[Any]:
+        """Evaluate many structures, one round trip per chunk; results in input order.
+
+        ``results[i]`` is a dict with the keys and units ``calc.results`` would have
+        for ``images[i]`` (see docs/calculator.md); ``calc.results`` is left alone.
+        """
+        from rootstock.runtime.batch import calculate_batch
+
+        return calculate_batch(self, images, properties, batch_size, errors)
 
     def _read_extra(self, reply: ForceReply, results: dict[str, Any]) -> None:
         """Free energy, the model report and extras' values from the FORCEREADY extra JSON."""
