@@ -44,6 +44,13 @@ MALFORMED_TYPES = ("MalformedResult", "NonFiniteResult")
 EXIT_GRACE_S = 2.0
 
 
+class Unset:
+    """The type of :data:`UNSET`: "not given", where None already means "no limit"."""
+
+
+UNSET = Unset()
+
+
 def describe_exit(code: int | None) -> str:
     """A human reading of an exit status (negative: killed by that signal)."""
     if code is None:
@@ -182,13 +189,22 @@ class WorkerSession:
         )
 
     def compute(
-        self, atoms: Any, info_json: str, want_stress: bool, extras: tuple[str, ...] = ()
+        self,
+        atoms: Any,
+        info_json: str,
+        want_stress: bool,
+        extras: tuple[str, ...] = (),
+        *,
+        timeout: float | Unset | None = UNSET,
     ) -> ForceReply:
         """One calculation: a single write, a single reply. Raises WorkerError subclasses.
 
         ``extras`` names the ASE extras (``magmoms``, ...) whose values the reply
         should carry; the system is re-sent when they change, as for ``want_stress``.
+        ``timeout`` bounds this call (a shared worker serves callers with their own
+        timeouts); by default the session's.
         """
+        timeout = self.timeout if isinstance(timeout, Unset) else timeout
         if self.stream is None:
             raise ProtocolError("the worker session is closed")
         numbers = atoms.arrays["numbers"]
@@ -218,7 +234,7 @@ class WorkerSession:
         parts.extend(self._posdata.parts(atoms.cell.array, atoms.arrays["positions"]))
         parts.append(GETFORCE)
         try:
-            self.stream.set_deadline(self.timeout, self._check_alive)
+            self.stream.set_deadline(timeout, self._check_alive)
             self.stream.send(b"".join(parts))
             self._sent_key = key
             reply = read_reply(self.stream, len(numbers))
@@ -228,7 +244,7 @@ class WorkerSession:
             self.close(graceful=False)
             raise WorkerTimeout(
                 f"the worker for {self.spec.checkpoint!r} did not answer within "
-                f"{self.timeout:g} s and was stopped",
+                f"{timeout:g} s and was stopped",
                 hint="pass a larger timeout= (or None) for slow models or large systems",
             ) from None
         except BaseException:
