@@ -153,13 +153,29 @@ def test_a_run_dir_whose_maker_died_before_its_record_is_judged_by_the_pid_in_it
     untagged = tmpdir_base / "rootstock-mnop3456"  # an older rootstock's name
     for path in (dead, alive, reused, fresh, untagged):
         path.mkdir(mode=0o700)
-    for path in (dead, alive, untagged):
+    for path in (dead, untagged):
         os.utime(path, (a_minute_ago, a_minute_ago))
+    # Made after this process started (which may be moments ago, run on its own).
+    since_start = max(time.time() - 5, server.process_start_time(os.getpid()) + 2)
+    os.utime(alive, (since_start, since_start))
     before_we_started = server.process_start_time(os.getpid()) - 30
     os.utime(reused, (before_we_started, before_we_started))
     assert sorted(server.sweep_dead_run_dirs(tmpdir_base)) == sorted([dead, reused])
     for kept in (alive, fresh, untagged):
         assert kept.is_dir(), kept
+
+
+def test_the_users_lasting_directory_is_never_swept(tmpdir_base):
+    # /tmp/rootstock-<uid> holds the pool and the compiler-cache fallback: no owner
+    # record, and days old when no daemon has run for a while.
+    lasting = tmpdir_base / f"rootstock-{os.getuid()}"
+    old_untagged = tmpdir_base / "rootstock-qrst7890"
+    for path in (lasting, old_untagged):
+        path.mkdir(mode=0o700)
+        two_days_ago = time.time() - 2 * 86400
+        os.utime(path, (two_days_ago, two_days_ago))
+    assert server.sweep_dead_run_dirs(tmpdir_base) == [old_untagged]
+    assert lasting.is_dir()
 
 
 def test_a_run_dir_is_named_for_its_maker(tmpdir_base):

@@ -195,7 +195,12 @@ def sweep_dead_run_dirs(base: Path) -> list[Path]:
         names = [n for n in os.listdir(base) if n.startswith(RUN_DIR_PREFIX)]
     except OSError:
         return removed
+    # rootstock-<uid> is the user's own lasting directory (the pool, the compiler
+    # cache fallback), never a run dir, however old it is.
+    lasting = f"{RUN_DIR_PREFIX}{os.getuid()}"
     for name in names:
+        if name == lasting:
+            continue
         path = Path(base) / name
         try:
             st = os.lstat(path)
