@@ -2,7 +2,7 @@
 
 The package import is kept light on purpose: the CLI's ``--help`` and the worker's
 start-up both import it, so numpy, ase and rich are only pulled in by the modules
-that need them. ``RootstockCalculator`` is loaded on first access.
+that need them. ``RootstockCalculator`` and ``evaluate`` are loaded on first access.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "__version__",
+    "evaluate",
 ]
 
 if TYPE_CHECKING:
+    from rootstock.runtime.batch import evaluate
     from rootstock.runtime.calculator import RootstockCalculator
 
 
@@ -30,4 +32,8 @@ def __getattr__(name: str) -> Any:
         from rootstock.runtime.calculator import RootstockCalculator
 
         return RootstockCalculator
+    if name == "evaluate":
+        from rootstock.runtime.batch import evaluate
+
+        return evaluate
     raise AttributeError(f"module 'rootstock' has no attribute {name!r}")

@@ -5,6 +5,8 @@ Every error carries a ``hint``: the next thing the user should do.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class RootstockError(Exception):
     """Base of every error rootstock raises on purpose."""
@@ -151,12 +153,15 @@ class WorkerDiedError(WorkerError):
 
     ``worker_exit_code`` is the worker's own exit status (negative: the signal that
     killed it, None: unknown); the CLI still exits with the class's ``exit_code``.
+    ``partial_results`` (``calculate_batch`` only, else empty) is the list of the
+    results finished before the death, in input order: ``images[:len(partial_results)]``.
     """
 
     def __init__(self, message: str, worker_exit_code: int | None, output_tail: str = "") -> None:
         super().__init__(message, hint="the next calculation starts a fresh worker")
         self.worker_exit_code = worker_exit_code
         self.output_tail = output_tail
+        self.partial_results: list[Any] = []
 
     def __str__(self) -> str:
         text = f"{self.message} (exit code {self.worker_exit_code})"

@@ -24,7 +24,12 @@ Rootstock's dialect (see docs/protocol.md) adds two things and changes no frame:
   ``FORCEREADY``. Standard i-PI servers never see ``ERROR``;
 * the ``FORCEREADY`` extra bytes are a JSON object (or empty) that may carry
   ``free_energy``, the model's dtype and the extras it fills (``model``), and
-  the values of the extras the client asked for in ``INIT`` (``extras``).
+  the values of the extras the client asked for in ``INIT`` (``extras``);
+* ``BATCH`` (client to worker) and ``BATCHREADY`` (its answer) carry many
+  structures in one round trip: header, int32 body length, body. The bodies (and
+  the reply reader) are :mod:`rootstock.runtime.batch_wire`'s; a worker answers a
+  BATCH that fails as a whole with ``ERROR``. Neither is ever sent to or by a
+  standard i-PI peer.
 
 This module needs only the standard library and numpy: the worker imports it
 inside every model env.
@@ -40,11 +45,14 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rootstock.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from rootstock.runtime.batch_wire import BatchRequest
 
 log = logging.getLogger("rootstock.wire")
 
@@ -75,11 +83,16 @@ GETFORCE = _header("GETFORCE")
 FORCEREADY = _header("FORCEREADY")
 EXIT = _header("EXIT")
 ERROR = _header("ERROR")
+BATCH = _header("BATCH")
+BATCHREADY = _header("BATCHREADY")
 
 _WORDS = {
     h: h.rstrip().decode("ascii")
-    for h in (STATUS, READY, HAVEDATA, NEEDINIT, INIT, POSDATA, GETFORCE, FORCEREADY, EXIT, ERROR)
-}
+    for h in (
+        STATUS, READY, HAVEDATA, NEEDINIT, INIT, POSDATA, GETFORCE, FORCEREADY, EXIT, ERROR,
+        BATCH, BATCHREADY,
+    )
+}  # fmt: skip
 #: Where a ``download``-mode worker writes the paths the env's ``download()`` hook
 #: returned (a JSON list of absolute paths; docs/worker-environment.md). A variable,
 #: not an option, so a worker in an env built by an older rootstock still starts
@@ -445,8 +458,11 @@ def read_init_body(stream: FrameStream) -> Init:
     return Init(bead=bead, payload=stream.read_bytes(length))
 
 
-def read_message(stream: FrameStream, body_timeout: float | None = None) -> str | Init | PosData:
-    """The next server-to-worker message: a word (STATUS, GETFORCE, EXIT), Init or PosData.
+def read_message(
+    stream: FrameStream, body_timeout: float | None = None
+) -> str | Init | PosData | BatchRequest:
+    """The next server-to-worker message: a word (STATUS, GETFORCE, EXIT), Init, PosData
+    or (dialect) a :class:`~rootstock.runtime.batch_wire.BatchRequest`.
 
     The header may take as long as the server likes (an idle worker waits); once it
     has arrived, the body must follow within ``body_timeout`` seconds. Replies
@@ -459,6 +475,11 @@ def read_message(stream: FrameStream, body_timeout: float | None = None) -> str 
         return read_posdata_body(stream)
     if word == "INIT":
         return read_init_body(stream)
+    if word == "BATCH":
+        # Imported here: batch_wire builds on this module.
+        from rootstock.runtime.batch_wire import decode_batch_body
+
+        return decode_batch_body(stream.read_bytes(_read_length(stream, "BATCH")))
     if word in ("STATUS", "GETFORCE", "EXIT"):
         return word
     raise ProtocolError(f"the {stream.peer} sent {word}, which only a worker may send")

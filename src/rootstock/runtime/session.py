@@ -13,12 +13,14 @@ import logging
 import os
 import signal
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from rootstock.errors import ProtocolError, WorkerDiedError, WorkerError, WorkerTimeout
 from rootstock.install.usage import SessionUsage, current_entry_point, start_session_usage
+from rootstock.runtime.batch_wire import BatchReply, BatchRequest, encode_batch, read_batch_reply
 from rootstock.runtime.protocol import (
     EXIT,
     GETFORCE,
@@ -42,6 +44,8 @@ FORWARDED_ARRAYS = ("initial_magmoms", "initial_charges")
 MALFORMED_TYPES = ("MalformedResult", "NonFiniteResult")
 # How long a worker that closed its connection may take to exit before it is killed.
 EXIT_GRACE_S = 2.0
+
+_Reply = TypeVar("_Reply")
 
 
 class Unset:
@@ -233,11 +237,59 @@ class WorkerSession:
             parts.append(encode_init(config))
         parts.extend(self._posdata.parts(atoms.cell.array, atoms.arrays["positions"]))
         parts.append(GETFORCE)
-        try:
-            self.stream.set_deadline(timeout, self._check_alive)
-            self.stream.send(b"".join(parts))
+
+        def read() -> ForceReply | ErrorReply:
+            # Sent: the worker now holds this system, whatever it answers.
             self._sent_key = key
-            reply = read_reply(self.stream, len(numbers))
+            return read_reply(stream, len(numbers))
+
+        stream = self.stream
+        reply = self._exchange(stream, b"".join(parts), read, timeout)
+        if isinstance(reply, ErrorReply):
+            self._sent_key = None
+            raise self._raise_error(reply)
+        # None marks a serve session, whose calls rootstock never sees: not this one.
+        if self.usage.force_calls is not None:
+            self.usage.force_calls += 1
+        return reply
+
+    def compute_batch(
+        self, request: BatchRequest, *, timeout: float | Unset | None = UNSET
+    ) -> BatchReply:
+        """One chunk of structures: a single ``BATCH`` write, a single ``BATCHREADY`` reply.
+
+        Per-structure failures come back inside the reply; a request that fails as
+        a whole (the model's setup, say) raises WorkerError, and deaths and timeouts
+        are handled as in :meth:`compute`. The worker's single-call system (the last
+        INIT) is unchanged by a batch, so nothing is re-sent afterwards.
+        """
+        timeout = self.timeout if isinstance(timeout, Unset) else timeout
+        if self.stream is None:
+            raise ProtocolError("the worker session is closed")
+        stream = self.stream
+        natoms = [item.natoms for item in request.items]
+        reply = self._exchange(
+            stream, encode_batch(request), lambda: read_batch_reply(stream, natoms), timeout
+        )
+        if isinstance(reply, ErrorReply):
+            raise self._raise_error(reply)
+        if self.usage.force_calls is not None:
+            self.usage.force_calls += len(natoms)
+        return reply
+
+    def _exchange(
+        self,
+        stream: FrameStream,
+        data: bytes,
+        read: Callable[[], _Reply],
+        timeout: float | None,
+    ) -> _Reply:
+        """Send one request and read its reply; a death, timeout or broken frame ends
+        the session (the worker is stopped) and raises the matching WorkerError."""
+        try:
+            stream.set_deadline(timeout, self._check_alive)
+            stream.send(data)
+            return read()
         except PeerClosed:
             raise self._died(self._phase()) from None
         except FrameTimeout:
@@ -251,55 +303,18 @@ class WorkerSession:
             # A protocol error or Ctrl-C mid-frame leaves the stream unusable.
             self.close(graceful=False)
             raise
-        if isinstance(reply, ErrorReply):
-            self._sent_key = None
-            if reply.phase == "setup":
-                self.close(graceful=True)
-            raise WorkerError(
-                self._error_message(reply),
-                remote_traceback=reply.traceback,
-                hint=self._error_hint(reply),
-            )
-        # None marks a serve session, whose calls rootstock never sees: not this one.
-        if self.usage.force_calls is not None:
-            self.usage.force_calls += 1
-        return reply
+
+    def _raise_error(self, reply: ErrorReply) -> WorkerError:
+        """The WorkerError for an in-band ERROR; a setup error also ends the session."""
+        if reply.phase == "setup":
+            self.close(graceful=True)
+        return model_error(self.spec, reply)
 
     def _error_message(self, reply: ErrorReply) -> str:
-        """One line naming the checkpoint, the phase and the model's own message.
-
-        The message ends in ``Type: text``, the traceback's own last line, so a
-        reader that adds that line (verification does) finds it already there.
-        """
-        who = f"{self.spec.checkpoint!r} (env {self.spec.env_name})"
-        if reply.type in MALFORMED_TYPES:
-            return f"{who} returned a result that cannot be used: {reply.message}"
-        where = "setup()" if reply.phase == "setup" else "the calculation"
-        return f"{who} failed in {where}: {reply.type}: {reply.message}"
+        return error_message(self.spec, reply)
 
     def _error_hint(self, reply: ErrorReply) -> str | None:
-        if reply.type == "NonFiniteResult":
-            return (
-                "the worker is still running; pass allow_nonfinite=True to "
-                "RootstockCalculator to receive NaN and inf as they are"
-            )
-        if reply.type == "MalformedResult":
-            return (
-                "the worker is still running; the calculator that setup() returns in "
-                f"envs/{self.spec.env_name}/env_source.py must fill ASE's shapes"
-            )
-        if reply.phase != "setup":
-            return None
-        if reply.type == "WeightsNotLoaded":
-            return (
-                f"check that {self.spec.weights} holds weights this family can load "
-                "(same code version, and any keyword it needs in setup_kwargs); the "
-                "family's own traceback is below"
-            )
-        return (
-            "the worker's traceback is below; a fix in setup() belongs in "
-            f"envs/{self.spec.env_name}/env_source.py"
-        )
+        return error_hint(self.spec, reply)
 
     def close(self, graceful: bool = True) -> None:
         """Ask the worker to exit (EXIT), then stop its process group and clean up."""
@@ -342,6 +357,53 @@ class WorkerSession:
         if self._finalizer is not None:
             self._finalizer.detach()
             self._finalizer = None
+
+
+def model_error(spec: WorkerSpec, reply: ErrorReply, index: int | None = None) -> WorkerError:
+    """The WorkerError for a model error; ``index`` names the structure of a batch."""
+    message = error_message(spec, reply)
+    if index is not None:
+        message = f"structure {index}: {message}"
+    return WorkerError(message, remote_traceback=reply.traceback, hint=error_hint(spec, reply))
+
+
+def error_message(spec: WorkerSpec, reply: ErrorReply) -> str:
+    """One line naming the checkpoint, the phase and the model's own message.
+
+    The message ends in ``Type: text``, the traceback's own last line, so a
+    reader that adds that line (verification does) finds it already there.
+    """
+    who = f"{spec.checkpoint!r} (env {spec.env_name})"
+    if reply.type in MALFORMED_TYPES:
+        return f"{who} returned a result that cannot be used: {reply.message}"
+    where = "setup()" if reply.phase == "setup" else "the calculation"
+    return f"{who} failed in {where}: {reply.type}: {reply.message}"
+
+
+def error_hint(spec: WorkerSpec, reply: ErrorReply) -> str | None:
+    """What to do about a model error (None: the message says it all)."""
+    if reply.type == "NonFiniteResult":
+        return (
+            "the worker is still running; pass allow_nonfinite=True to "
+            "RootstockCalculator to receive NaN and inf as they are"
+        )
+    if reply.type == "MalformedResult":
+        return (
+            "the worker is still running; the calculator that setup() returns in "
+            f"envs/{spec.env_name}/env_source.py must fill ASE's shapes"
+        )
+    if reply.phase != "setup":
+        return None
+    if reply.type == "WeightsNotLoaded":
+        return (
+            f"check that {spec.weights} holds weights this family can load "
+            "(same code version, and any keyword it needs in setup_kwargs); the "
+            "family's own traceback is below"
+        )
+    return (
+        "the worker's traceback is below; a fix in setup() belongs in "
+        f"envs/{spec.env_name}/env_source.py"
+    )
 
 
 def _reap(

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -122,6 +123,22 @@ def check_finite(name: str, value: float | np.ndarray) -> None:
     )
 
 
+@dataclass
+class Evaluation:
+    """One structure's checked results: eV, eV/Å and an eV virial (None: no stress).
+
+    ``free_energy`` is set only when it differs from the energy; ``extras`` holds
+    the values of the extras asked for, ``filled`` every extra the model filled.
+    """
+
+    energy: float
+    forces: np.ndarray
+    virial: np.ndarray | None
+    free_energy: float | None = None
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+    filled: frozenset[str] = frozenset()
+
+
 class _FreshSourceLoader(importlib.machinery.SourceFileLoader):
     """A source loader that neither reads nor writes bytecode for the env file."""
 
@@ -191,7 +208,7 @@ def _is_plain_ase_calculator(calc: Any) -> bool:
 class ModelRunner:
     """Holds the model calculator and the current system (species, PBC, info)."""
 
-    def __init__(self, calc: Any) -> None:
+    def __init__(self, calc: Any, model_dtype: str | None = None) -> None:
         self.calc = calc
         self.atoms: Any = None
         self.want_stress = False
@@ -201,7 +218,7 @@ class ModelRunner:
         self._direct = _is_plain_ase_calculator(calc)
         self._fresh = True
         self._last_cell: bytes | None = None
-        self.model_dtype = detect_model_dtype(calc)
+        self.model_dtype = detect_model_dtype(calc) if model_dtype is None else model_dtype
         # Rootstock clients (a JSON INIT) get the model report and extras; standard
         # i-PI servers get the bare frames.
         self.dialect = False
@@ -212,6 +229,8 @@ class ModelRunner:
         # so that a model filling one only on request shows it in its results.
         self._probe = self._advertised
         self._reported: frozenset[str] | None = None
+        self._report_due = True
+        self._sibling: ModelRunner | None = None
 
     @property
     def ready(self) -> bool:
@@ -235,6 +254,7 @@ class ModelRunner:
         self.lenient_stress = False
         self.allow_nonfinite = config.get("allow_nonfinite") is True
         self.dialect = True
+        self._report_due = True
         wanted = config.get("extras") or []
         if not isinstance(wanted, list):
             raise TypeError("INIT extras must be a JSON list of property names")
@@ -254,6 +274,11 @@ class ModelRunner:
         # i-PI only needs forces; a model without stress must still run MD.
         self.lenient_stress = True
 
+    def start_system(self, atoms: Any, want_stress: bool) -> None:
+        """Take ``atoms`` (a batch's structure) as the system; the model starts clean."""
+        self._attach(atoms)
+        self.want_stress = want_stress
+
     def _attach(self, atoms: Any) -> None:
         # Calculators do not compare atoms.info, so a charge change alone would hit
         # their cache: start from a clean slate on every new system.
@@ -272,6 +297,12 @@ class ModelRunner:
         Raises MalformedResult (NonFiniteResult) when the model's results cannot be
         sent as they are.
         """
+        result = self.evaluate(cell, positions)
+        virial = np.zeros((3, 3)) if result.virial is None else result.virial
+        return result.energy, result.forces, virial, self._extra(result)
+
+    def evaluate(self, cell: np.ndarray, positions: np.ndarray) -> Evaluation:
+        """The checked results for one geometry of the current system (see :meth:`compute`)."""
         atoms = self.atoms
         if atoms is None:
             raise RuntimeError(
@@ -297,9 +328,8 @@ class ModelRunner:
         natoms = len(atoms)
         energy = checked_energy("energy", energy)
         forces = checked_forces(forces, natoms)
-        if stress is None:
-            virial = np.zeros((3, 3))
-        else:
+        virial = None
+        if stress is not None:
             stress = checked_stress(stress)
             virial = -atoms.get_volume() * stress
         if not self.allow_nonfinite:
@@ -307,38 +337,80 @@ class ModelRunner:
             check_finite("forces", forces)
             if stress is not None:
                 check_finite("stress", stress)
-        return energy, forces, virial, self._extra(energy, natoms)
+        return self._with_extras(Evaluation(energy, forces, virial), natoms)
 
-    def _extra(self, energy: float, natoms: int) -> bytes:
-        """The FORCEREADY extra bytes: empty unless there is something to say."""
+    def _with_extras(self, result: Evaluation, natoms: int) -> Evaluation:
+        """Add the free energy, the extras the model filled and those asked for."""
         results = getattr(self.calc, "results", None) or {}
-        doc: dict[str, Any] = {}
         free = results.get("free_energy")
         if free is not None:
             free = checked_energy("free_energy", free)
             if not self.allow_nonfinite:
                 check_finite("free_energy", free)
-            if free != energy:
-                doc["free_energy"] = free
+            if free != result.energy:
+                result.free_energy = free
         self._probe = ()
         if self.dialect:
-            filled = frozenset(n for n in EXTRA_PROPERTIES if results.get(n) is not None)
-            # Told once after setup, and again only if the model fills a new extra.
-            if self._reported is None or not filled <= self._reported:
-                self._reported = filled | (self._reported or frozenset())
-                doc["model"] = {"dtype": self.model_dtype, "extras": sorted(self._reported)}
+            result.filled = frozenset(n for n in EXTRA_PROPERTIES if results.get(n) is not None)
             for name in self.extras_wanted:
                 value = results.get(name)
                 if value is None and name in self._advertised and not self._direct:
                     value = self._public_extra(name)
                 if value is not None:
                     try:
-                        doc[name] = extra_array(name, value, natoms).tolist()
+                        result.extras[name] = extra_array(name, value, natoms)
                     except ValueError as exc:
                         raise MalformedResult(str(exc)) from None
+        return result
+
+    def model_report(self, filled: frozenset[str] = frozenset()) -> dict[str, Any]:
+        """The ``model`` report: the dtype and every extra seen filled so far (plus ``filled``)."""
+        self._reported = filled | (self._reported or frozenset())
+        self._report_due = False
+        return {"dtype": self.model_dtype, "extras": sorted(self._reported)}
+
+    def _extra(self, result: Evaluation) -> bytes:
+        """The FORCEREADY extra bytes: empty unless there is something to say."""
+        doc: dict[str, Any] = {}
+        if result.free_energy is not None:
+            doc["free_energy"] = result.free_energy
+        if self.dialect:
+            filled = result.filled
+            # Told after every INIT (a shared worker's next client has not heard it),
+            # and again whenever the model fills a new extra.
+            if self._report_due or self._reported is None or not filled <= self._reported:
+                doc["model"] = self.model_report(filled)
+            for name, value in result.extras.items():
+                doc[name] = value.tolist()
         if not doc:
             return b""
         return json.dumps(doc).encode("ascii")
+
+    def batch_sibling(self) -> ModelRunner:
+        """A runner on the same model calculator for the structures of a batch.
+
+        It keeps its own system, so the single-call system of this runner (the last
+        INIT) survives the batch; made once and reused.
+        """
+        sibling = self._sibling
+        if sibling is None:
+            sibling = self._sibling = ModelRunner(self.calc, model_dtype=self.model_dtype)
+        sibling.dialect = True
+        sibling._probe = ()
+        return sibling
+
+    def after_batch(self) -> None:
+        """Make this runner's next calculation start clean after a batch used its model.
+
+        The model calculator last saw a batch structure, which may equal this
+        runner's geometry in everything ASE compares but ``info``.
+        """
+        reset = getattr(self.calc, "reset", None)
+        if reset is not None:
+            reset()
+        if self.atoms is not None:
+            self.atoms.calc = self.calc
+        self._fresh = True
 
     def _public_extra(self, name: str) -> Any:
         """An extra that a calculator with its own plumbing computes only on request."""

@@ -1,0 +1,363 @@
+"""Many structures through one worker, one round trip per chunk.
+
+:func:`iter_batch` is the engine: it reads ``images`` lazily, cuts it into chunks
+(at most ``batch_size`` structures and ``max_atoms_per_chunk`` atoms; a larger
+structure goes alone), sends each chunk as one ``BATCH`` frame and yields
+``(index, result)`` in input order, so memory on both sides stays bounded by a
+chunk. :func:`calculate_batch` (``RootstockCalculator.calculate_batch``) collects
+it into a list, and :func:`evaluate` (``rootstock.evaluate``) wraps a calculator
+around that. Units and keys are those of ``calc.results``; see docs/calculator.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rootstock.errors import (
+    ProtocolError,
+    UsageError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeout,
+)
+from rootstock.runtime.batch_wire import BatchItem, BatchRequest, ItemError, ItemResult
+from rootstock.runtime.protocol import EXTRA_PROPERTIES, MAX_PAYLOAD, ErrorReply, extra_array
+from rootstock.runtime.session import FORWARDED_ARRAYS, model_error
+
+if TYPE_CHECKING:
+    from rootstock.runtime.calculator import RootstockCalculator
+
+DEFAULT_PROPERTIES = ("energy", "forces", "stress")
+#: What ``properties`` may name: ``free_energy`` comes with ``energy``.
+KNOWN_PROPERTIES = ("energy", "free_energy", "forces", "stress", *EXTRA_PROPERTIES)
+ERROR_MODES = ("raise", "return")
+# A BATCH body costs 28 bytes per atom and its reply at most ~64 (forces and every
+# extra), so no chunk may hold more atoms than this however the calculator is set.
+# One structure above it is sent as a single call instead.
+WIRE_ATOMS_PER_CHUNK = MAX_PAYLOAD // 128
+
+Outcome = dict[str, Any] | WorkerError
+
+
+def _checked_properties(properties: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(properties, str):
+        properties = (properties,)
+    try:
+        names = tuple(properties)
+    except TypeError:
+        raise UsageError(
+            f"properties must be a list of property names, not {type(properties).__name__}",
+            hint=f"known properties: {', '.join(KNOWN_PROPERTIES)}",
+        ) from None
+    unknown = [n for n in names if n not in KNOWN_PROPERTIES]
+    if unknown:
+        raise UsageError(
+            f"unknown propert{'y' if len(unknown) == 1 else 'ies'} "
+            f"{', '.join(map(repr, unknown))} for calculate_batch",
+            hint=f"known properties: {', '.join(KNOWN_PROPERTIES)}",
+        )
+    if not names:
+        raise UsageError(
+            "calculate_batch needs at least one property",
+            hint=f"known properties: {', '.join(KNOWN_PROPERTIES)}",
+        )
+    return names
+
+
+def _checked_batch_size(batch_size: Any, default: int) -> int:
+    if batch_size is None:
+        return default
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+        raise UsageError(
+            f"batch_size must be a positive integer, not {batch_size!r}",
+            hint="pass batch_size=None to use the calculator's (default 64)",
+        )
+    return batch_size
+
+
+def _checked_atoms(index: int, item: Any) -> Any:
+    from ase import Atoms
+
+    if not isinstance(item, Atoms):
+        raise UsageError(
+            f"images[{index}] is {type(item).__module__}.{type(item).__name__}, not ase.Atoms",
+            hint="calculate_batch takes an iterable of ase.Atoms",
+        )
+    return item
+
+
+def iter_batch(
+    calc: RootstockCalculator,
+    images: Iterable[Any],
+    properties: Iterable[str] = DEFAULT_PROPERTIES,
+    batch_size: int | None = None,
+    errors: str = "raise",
+) -> Iterator[tuple[int, Outcome]]:
+    """Yield ``(index, result)`` for every structure of ``images``, in input order.
+
+    The arguments are checked before anything is sent (UsageError); for a list or
+    tuple every item is checked too, for any other iterable each item as it is
+    reached. A failing structure raises WorkerError naming its index, once its
+    chunk's reply has been read (``errors="raise"``), or is yielded as that
+    WorkerError (``errors="return"``). A worker death or timeout ends the
+    iteration with WorkerDiedError or WorkerTimeout.
+    """
+    from ase import Atoms
+
+    names = _checked_properties(properties)
+    size = _checked_batch_size(batch_size, calc.batch_size)
+    if errors not in ERROR_MODES:
+        raise UsageError(
+            f"errors must be 'raise' or 'return', not {errors!r}",
+            hint="'return' puts each failure's WorkerError in its slot and keeps the rest",
+        )
+    if isinstance(images, Atoms):
+        raise UsageError(
+            "calculate_batch takes an iterable of structures, not one ase.Atoms",
+            hint="pass [atoms], or use atoms.get_potential_energy() for a single structure",
+        )
+    try:
+        iterator = iter(images)
+    except TypeError:
+        raise UsageError(
+            f"images must be an iterable of ase.Atoms, not {type(images).__name__}"
+        ) from None
+    if isinstance(images, list | tuple):
+        for index, item in enumerate(images):
+            _checked_atoms(index, item)
+    max_atoms = min(calc.max_atoms_per_chunk, WIRE_ATOMS_PER_CHUNK)
+    return _stream(calc, iterator, names, size, max_atoms, errors == "raise")
+
+
+def _stream(
+    calc: RootstockCalculator,
+    images: Iterator[Any],
+    names: tuple[str, ...],
+    size: int,
+    max_atoms: int,
+    raise_errors: bool,
+) -> Iterator[tuple[int, Outcome]]:
+    for chunk in _chunks(images, size, max_atoms):
+        for index, outcome in _run_chunk(calc, chunk, names):
+            if raise_errors and isinstance(outcome, WorkerError):
+                raise outcome
+            yield index, outcome
+
+
+def _chunks(images: Iterator[Any], size: int, max_atoms: int) -> Iterator[list[tuple[int, Any]]]:
+    """Lists of ``(index, atoms)``: at most ``size`` structures and ``max_atoms`` atoms,
+    except that a structure larger than ``max_atoms`` makes a chunk of its own."""
+    chunk: list[tuple[int, Any]] = []
+    atoms_in_chunk = 0
+    for index, item in enumerate(images):
+        atoms = _checked_atoms(index, item)
+        n = len(atoms)
+        if chunk and atoms_in_chunk + n > max_atoms:
+            yield chunk
+            chunk, atoms_in_chunk = [], 0
+        chunk.append((index, atoms))
+        atoms_in_chunk += n
+        # A full chunk goes at once: a generator is never read ahead of what is sent.
+        if len(chunk) >= size or atoms_in_chunk >= max_atoms:
+            yield chunk
+            chunk, atoms_in_chunk = [], 0
+    if chunk:
+        yield chunk
+
+
+def _refused_locally(index: int, atoms: Any) -> WorkerError | None:
+    """Structures no model can be given: decided here, without sending them."""
+    if len(atoms) == 0:
+        return WorkerError(f"structure {index} has no atoms")
+    if not (np.isfinite(atoms.positions).all() and np.isfinite(atoms.cell.array).all()):
+        return WorkerError(
+            f"structure {index} has NaN or inf in its positions or cell",
+            hint="check how the structure was made; the model was not called",
+        )
+    return None
+
+
+def _batch_item(atoms: Any) -> BatchItem:
+    from rootstock.runtime.calculator import info_json
+
+    text = info_json(atoms.info)
+    return BatchItem(
+        numbers=atoms.arrays["numbers"],
+        pbc=atoms.pbc,
+        cell=atoms.cell.array,
+        positions=atoms.arrays["positions"],
+        info={} if text == "{}" else json.loads(text),
+        arrays={n: atoms.arrays[n] for n in FORWARDED_ARRAYS if n in atoms.arrays},
+    )
+
+
+def _run_chunk(
+    calc: RootstockCalculator, chunk: list[tuple[int, Any]], names: tuple[str, ...]
+) -> list[tuple[int, Outcome]]:
+    """One chunk's outcomes, in order: one BATCH round trip for what can be sent."""
+    outcomes: dict[int, Outcome] = {}
+    sent: list[tuple[int, Any]] = []
+    for index, atoms in chunk:
+        refused = _refused_locally(index, atoms)
+        if refused is not None:
+            outcomes[index] = refused
+        else:
+            sent.append((index, atoms))
+    if len(sent) == 1 and len(sent[0][1]) > WIRE_ATOMS_PER_CHUNK:
+        index, atoms = sent[0]
+        outcomes[index] = _single_call(calc, index, atoms, names)
+    elif sent:
+        wire = tuple(dict.fromkeys("energy" if n == "free_energy" else n for n in names))
+        request = BatchRequest(
+            [_batch_item(atoms) for _, atoms in sent], wire, calc.allow_nonfinite
+        )
+        with calc._using_worker() as session:
+            reply = session.compute_batch(request, timeout=calc.timeout)
+            if reply.model is not None:
+                calc._learn_model(reply.model)
+            for (index, atoms), result in zip(sent, reply.results, strict=True):
+                if isinstance(result, ItemError):
+                    outcomes[index] = model_error(
+                        calc.spec,
+                        ErrorReply(result.type, result.message, result.traceback, "calculate"),
+                        index,
+                    )
+                else:
+                    outcomes[index] = _result_dict(result, atoms, names)
+    return [(index, outcomes[index]) for index, _ in chunk]
+
+
+def _stress_of(virial: np.ndarray, atoms: Any) -> np.ndarray:
+    """Voigt stress from the virial, exactly as a single calculation computes it."""
+    sigma = -virial / atoms.cell.volume
+    return np.array(
+        [
+            sigma[0, 0],
+            sigma[1, 1],
+            sigma[2, 2],
+            (sigma[1, 2] + sigma[2, 1]) / 2,
+            (sigma[0, 2] + sigma[2, 0]) / 2,
+            (sigma[0, 1] + sigma[1, 0]) / 2,
+        ]
+    )
+
+
+def _result_dict(result: ItemResult, atoms: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    from rootstock.runtime.calculator import is_3d_periodic
+
+    out: dict[str, Any] = {}
+    if "energy" in names or "free_energy" in names:
+        out["energy"] = result.energy
+        out["free_energy"] = result.energy if result.free_energy is None else result.free_energy
+    if "forces" in names:
+        if result.forces is None:
+            raise ProtocolError("the worker's BATCHREADY lacks forces that were asked for")
+        out["forces"] = result.forces.copy()
+    if "stress" in names and is_3d_periodic(atoms):
+        if result.virial is None:
+            raise ProtocolError("the worker's BATCHREADY lacks a stress that was asked for")
+        out["stress"] = _stress_of(result.virial, atoms)
+    for name in EXTRA_PROPERTIES:
+        if name in names and name in result.extras:
+            out[name] = result.extras[name].copy()
+    return out
+
+
+def _single_call(
+    calc: RootstockCalculator, index: int, atoms: Any, names: tuple[str, ...]
+) -> Outcome:
+    """A structure too large for a BATCH frame, as one ordinary calculation."""
+    from rootstock.runtime.calculator import info_json, is_3d_periodic
+
+    want_stress = "stress" in names and is_3d_periodic(atoms)
+    extras = tuple(n for n in EXTRA_PROPERTIES if n in names)
+    try:
+        with calc._using_worker() as session:
+            reply = session.compute(
+                atoms, info_json(atoms.info), want_stress, extras, timeout=calc.timeout
+            )
+    except (WorkerDiedError, WorkerTimeout):
+        raise
+    except WorkerError as exc:
+        return WorkerError(
+            f"structure {index}: {exc.message}", remote_traceback=exc.remote_traceback,
+            hint=exc.hint,
+        )  # fmt: skip
+    extra = reply.extra_json()
+    result = ItemResult(
+        energy=reply.energy,
+        forces=reply.forces,
+        virial=reply.virial if want_stress else None,
+        free_energy=float(extra["free_energy"]) if "free_energy" in extra else None,
+    )
+    for name in extras:
+        if name in extra:
+            try:
+                result.extras[name] = extra_array(name, extra[name], len(atoms))
+            except ValueError as exc:
+                raise ProtocolError(f"the worker sent a malformed extra: {exc}") from None
+    return _result_dict(result, atoms, names)
+
+
+def calculate_batch(
+    calc: RootstockCalculator,
+    images: Iterable[Any],
+    properties: Iterable[str] = DEFAULT_PROPERTIES,
+    batch_size: int | None = None,
+    errors: str = "raise",
+) -> list[Outcome]:
+    """Every structure's results as a list in input order (see :func:`iter_batch`).
+
+    If the worker dies, the WorkerDiedError's ``partial_results`` holds the
+    results finished before the chunk in flight: ``images[:len(partial_results)]``.
+    """
+    results: list[Outcome] = []
+    try:
+        for _, outcome in iter_batch(calc, images, properties, batch_size, errors):
+            results.append(outcome)
+    except WorkerDiedError as exc:
+        exc.partial_results = results
+        raise
+    return results
+
+
+def evaluate(
+    images: Iterable[Any],
+    checkpoint: str,
+    device: str = "cpu",
+    executor: Any = None,
+    batch_size: int = 64,
+    **calculator_kwargs: Any,
+) -> list[Outcome]:
+    """Evaluate ``images`` with ``checkpoint`` in one calculator, then close it.
+
+    ``properties=`` and ``errors=`` go to :func:`calculate_batch`; every other
+    keyword to :class:`~rootstock.runtime.calculator.RootstockCalculator`.
+    """
+    from rootstock.runtime.calculator import RootstockCalculator
+
+    if executor is not None:
+        raise UsageError(
+            "rootstock.evaluate has no executors yet: engine executors come with "
+            "rootstock.parallel (issue #17)",
+            hint="leave executor=None to evaluate in this process's worker",
+        )
+    properties = calculator_kwargs.pop("properties", DEFAULT_PROPERTIES)
+    errors = calculator_kwargs.pop("errors", "raise")
+    accepted = inspect.signature(RootstockCalculator).parameters
+    unknown = sorted(k for k in calculator_kwargs if k not in accepted or k == "checkpoint")
+    if unknown:
+        raise UsageError(
+            f"rootstock.evaluate got unknown keyword(s) {', '.join(unknown)}",
+            hint="it takes properties=, errors= and RootstockCalculator's keywords: "
+            + ", ".join(k for k in accepted if k not in ("checkpoint", "device", "batch_size")),
+        )
+    with RootstockCalculator(
+        checkpoint, device=device, batch_size=batch_size, **calculator_kwargs
+    ) as calc:
+        return calc.calculate_batch(images, properties=properties, errors=errors)
