@@ -56,6 +56,8 @@ def serve(
 
     The worker connects to --socket as a standard i-PI client, retrying until the
     server is up, and runs until the server sends EXIT or closes the connection.
+    i-PI's batched mode (batch_size in its ffsocket, i-PI 3.3 or later) needs no
+    option: the batch size comes with i-PI's INIT.
     """
     from rootstock.cli.common import warn
     from rootstock.ops.serve import serve as run_serve

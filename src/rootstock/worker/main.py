@@ -42,6 +42,8 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from rootstock.errors import ProtocolError
@@ -116,10 +118,29 @@ def connect(path: str, timeout: float | None) -> socket.socket:
             delay = min(delay * 2, 0.5)
 
 
-def _build_runner(args: argparse.Namespace, kwargs: dict[str, Any]) -> ModelRunner:
+def _build_runner(
+    args: argparse.Namespace, kwargs: dict[str, Any]
+) -> tuple[ModelRunner, Callable[..., Any] | None]:
+    """The model (``setup()`` run) and the env's ``evaluate_batch`` hook, if it has one."""
     module = load_env_source(args.env_source)
     calc = make_calculator(module, args.checkpoint, args.device, kwargs, args.weights)
-    return ModelRunner(calc)
+    return ModelRunner(calc), batch_hook_of(module)
+
+
+def batch_hook_of(module: ModuleType) -> Callable[..., Any] | None:
+    """The env module's ``evaluate_batch``, or None when it has none (or it is not callable)."""
+    hook = getattr(module, "evaluate_batch", None)
+    if hook is None:
+        return None
+    if not callable(hook):
+        # The install lint refuses this; an env hotfixed since still has to run.
+        log.warning(
+            "evaluate_batch in the env file is a %s, not a function; batches are "
+            "evaluated one structure at a time",
+            type(hook).__name__,
+        )
+        return None
+    return hook
 
 
 def _read_structure(path: str) -> Any:
@@ -303,9 +324,9 @@ def _calculator(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
     # setup() runs before the connection: a worker that dies while still unconnected
     # died loading the model, so the client can say so (a segfault in setup() is
     # not "during a calculation"). A setup() exception still comes back in-band.
-    runner, setup_error = None, None
+    runner, hook, setup_error = None, None, None
     try:
-        runner = _build_runner(args, kwargs)
+        runner, hook = _build_runner(args, kwargs)
     except Exception as exc:
         setup_error = CapturedError.current(exc, "setup")
         log.error("setup failed:\n%s", setup_error.traceback)
@@ -317,6 +338,7 @@ def _calculator(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
         inband_errors=True,
         setup_error=setup_error,
         body_timeout=args.body_timeout,
+        batch_hook=hook,
     )
     try:
         return loop.run()
@@ -326,7 +348,7 @@ def _calculator(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
 
 def _serve(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
     try:
-        runner = _build_runner(args, kwargs)
+        runner, hook = _build_runner(args, kwargs)
         if args.structure:
             runner.use_template(_read_structure(args.structure))
     except Exception:
@@ -335,7 +357,9 @@ def _serve(args: argparse.Namespace, kwargs: dict[str, Any]) -> int:
     log.info("model ready (%s on %s, %s)", args.checkpoint, args.device, runner.model_dtype)
     timeout = 600.0 if args.connect_timeout is None else args.connect_timeout
     stream = FrameStream(connect(args.socket, timeout), peer="server")
-    loop = ServeLoop(stream, runner, inband_errors=False, body_timeout=args.body_timeout)
+    loop = ServeLoop(
+        stream, runner, inband_errors=False, body_timeout=args.body_timeout, batch_hook=hook
+    )
     try:
         code = loop.run()
     finally:
