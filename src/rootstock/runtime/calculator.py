@@ -1,8 +1,8 @@
 """RootstockCalculator: an ASE calculator whose model runs in its own pre-built env.
 
 The checkpoint is resolved (and the arguments validated) when the calculator is
-made; the worker starts on the first calculation and stays warm until
-:meth:`RootstockCalculator.close` or the end of the ``with`` block.
+made; the worker starts on the first calculation and stays warm until the last
+calculator sharing it (:mod:`rootstock.runtime.shared`) is closed or collected.
 
 What a model computes beyond energy, forces and stress (``magmoms``, ``charges``,
 ``energies``, ``dipole``) and the dtype it runs in are learned from the worker's
@@ -15,16 +15,18 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
 from rootstock.errors import ProtocolError, UsageError, WorkerError
+from rootstock.runtime import shared
 from rootstock.runtime.protocol import EXTRA_PROPERTIES, ForceReply, extra_array
 from rootstock.runtime.session import WorkerSession
 from rootstock.runtime.spec import WorkerOptions, WorkerSpec, resolve_worker_spec
+from rootstock.runtime.worker_key import worker_key
 
 log = logging.getLogger("rootstock.calculator")
 
@@ -94,6 +96,7 @@ class RootstockCalculator(Calculator):
     timeout:
         Seconds to wait for the worker at each step: start-up (including loading
         the model) or one calculation. ``None`` waits as long as the worker lives.
+        Per call: a shared worker serves each calculator with its own.
     weights:
         Your own weights file or directory, only with a ``<family>:custom`` id.
     allow_nonfinite:
@@ -185,7 +188,7 @@ class RootstockCalculator(Calculator):
             setup_kwargs=spec.setup_kwargs,
             weights=str(spec.weights) if spec.weights else None,
         )
-        self._session: WorkerSession | None = None
+        self._hold = shared.Holder()
         self._info_json = "{}"
         # Once stress was asked for, keep computing it (3-D periodic cells only), so a
         # cell filter's get_forces() + get_stress() pair costs one round trip.
@@ -222,20 +225,46 @@ class RootstockCalculator(Calculator):
 
     @property
     def worker_pid(self) -> int | None:
-        """The running worker's process id, or None when none is running."""
+        """The running worker's process id (shared or not), or None when none is running."""
         session = self._session
         return session.pid if session is not None and session.alive else None
 
+    @property
+    def _session(self) -> WorkerSession | None:
+        """The session this calculator holds now (shared with its sharers), if any."""
+        return self._hold.session
+
+    def _registry_key(self) -> Hashable | None:
+        """What a sharer must match: the worker key, whether pooled, and allow_nonfinite.
+
+        allow_nonfinite travels in the session's INIT, so calculators that differ in it
+        cannot send through one session.
+        """
+        if not self.shared:
+            return None
+        return (worker_key(self.spec), self.pool, self.allow_nonfinite)
+
+    def _start_session(self) -> WorkerSession:
+        if self.pool:
+            # Lazy: only pooled calculators need the pool client.
+            from rootstock.runtime.pool_client import attach
+
+            return attach(
+                self.spec,
+                worker_key(self.spec),
+                timeout=self.timeout,
+                allow_nonfinite=self.allow_nonfinite,
+            )
+        return WorkerSession(
+            self.spec, timeout=self.timeout, allow_nonfinite=self.allow_nonfinite
+        ).start()
+
     def _worker(self) -> WorkerSession:
-        session = self._session
-        if session is not None and not session.owned:
-            session.close()  # forked: leave the parent's worker alone, start our own
-            session = None
-        if session is None or not session.alive:
-            session = self._session = WorkerSession(
-                self.spec, timeout=self.timeout, allow_nonfinite=self.allow_nonfinite
-            ).start()
-        return session
+        """The live worker session, started if needed; calls go through _using_worker,
+        which holds the shared worker's lock for the whole call."""
+        entry = self._hold.entry(self, self._registry_key)
+        with entry.lock:
+            return entry.live_session(self._start_session)
 
     @contextlib.contextmanager
     def _using_worker(self) -> Iterator[WorkerSession]:
@@ -244,13 +273,27 @@ class RootstockCalculator(Calculator):
         Every call to the worker goes through here, so a worker shared with other
         calculators is used by one caller at a time.
         """
-        yield self._worker()
+        entry = self._hold.entry(self, self._registry_key)
+        with entry.lock:
+            yield entry.live_session(self._start_session)
 
     def close(self) -> None:
-        """Stop the worker; the next calculation would start a fresh one."""
-        if self._session is not None:
-            self._session.close()
-            self._session = None
+        """Let go of the worker; it stops when the last calculator sharing it lets go.
+
+        A calculator of its own (``shared=False``) stops its worker. A closed
+        calculator can still compute: it joins (or starts) a worker again.
+        """
+        self._hold.leave()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Everything but the hold on a worker: a copy shares it, or starts its own."""
+        state = self.__dict__.copy()
+        del state["_hold"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._hold = shared.Holder()
 
     def __enter__(self) -> RootstockCalculator:
         return self
@@ -322,7 +365,9 @@ class RootstockCalculator(Calculator):
         text = info_json(atoms.info)
         try:
             with self._using_worker() as session:
-                reply = session.compute(atoms, text, want_stress, self._extras_requested)
+                reply = session.compute(
+                    atoms, text, want_stress, self._extras_requested, timeout=self.timeout
+                )
         except WorkerError:
             # An extra that made the model (or its check) fail is not asked for again.
             self._extras_requested = requested
@@ -338,10 +383,12 @@ class RootstockCalculator(Calculator):
             try:
                 self._read_extra(reply, results)
             except ProtocolError:
-                self.close()  # a worker that sends garbage is not trusted further
+                self._hold.distrust(session)
                 raise
         if self._model_extras is None:
-            self._learn_model(None)  # a worker too old to report its model
+            # A sharer learns the report another sharer's INIT brought; None marks a
+            # worker too old to report its model.
+            self._learn_model(self._hold.model_report)
         if want_stress:
             sigma = -reply.virial / atoms.cell.volume
             results["stress"] = np.array(
@@ -398,6 +445,7 @@ class RootstockCalculator(Calculator):
         dtype = report.get("dtype")
         if not isinstance(extras, list) or not (dtype is None or isinstance(dtype, str)):
             raise ProtocolError(f"malformed model report from the worker: {report!r}")
+        self._hold.model_report = report
         # Names this client does not know (a newer worker) are left out.
         self._model_extras = tuple(n for n in EXTRA_PROPERTIES if n in extras)
         self.implemented_properties = BASE_PROPERTIES + self._model_extras
