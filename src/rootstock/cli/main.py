@@ -48,6 +48,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Check that other users can use an install.",
     ),
     "usage": ("rootstock.cli.usage_cmd", "usage", "Report, compact and push usage counts."),
+    "workers": ("rootstock.cli.workers_cmd", "workers", "Start, list and stop pooled workers."),
     "dashboard": (
         "rootstock.cli.dashboard_cmd",
         "dashboard",

@@ -1,0 +1,166 @@
+"""The user's private pool directory and the files each pooled worker keeps there.
+
+A pool daemon (:mod:`rootstock.runtime.pool`) binds its socket in
+``$XDG_RUNTIME_DIR/rootstock``, or, where that variable is unset (common in batch
+jobs), in ``/tmp/rootstock-<uid>``. The directory is made with mode 0700; an
+existing one is used only if it is a real directory (no symlink) owned by us with
+mode exactly 0700. Anything else is refused with the reason and the fix: a
+directory someone else can enter could hold a planted socket, and rootstock never
+changes the mode of a directory it did not make.
+
+Per worker key (:attr:`~rootstock.runtime.worker_key.WorkerKey.digest`) the
+directory holds ``<digest>.sock`` (the daemon's socket, 0600), ``<digest>.json``
+(its state, written aside and renamed), ``<digest>.lock`` (the start lock),
+``<digest>.log`` (the daemon's own output) and, when the worker failed ``setup()``,
+``<digest>.error.json`` (the worker's ERROR, for the client that started it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from rootstock.errors import RootstockError
+from rootstock.install.parsing import ParseProblem, loads_json
+from rootstock.runtime.server import owner_is_gone
+
+POOL_DIR_NAME = "rootstock"
+STATE_SCHEMA = 1
+# sun_path holds 108 bytes on Linux (104 on macOS); "<16 hex>.sock" must fit under it.
+_MAX_SOCKET_PATH = 100
+_SOCKET_NAME_LEN = len("0123456789abcdef.sock") + 1
+
+
+def fallback_pool_dir(uid: int | None = None) -> Path:
+    """``/tmp/rootstock-<uid>``: the pool dir where ``$XDG_RUNTIME_DIR`` is unset."""
+    return Path("/tmp") / f"rootstock-{os.getuid() if uid is None else uid}"
+
+
+def pool_dir_path(environ: dict[str, str] | None = None) -> Path:
+    """Where this user's pool directory is (nothing is checked or made)."""
+    env = os.environ if environ is None else environ
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        candidate = Path(xdg) / POOL_DIR_NAME
+        # A long runtime dir would make socket paths that cannot be bound.
+        if len(os.fsencode(candidate)) + _SOCKET_NAME_LEN <= _MAX_SOCKET_PATH:
+            return candidate
+    return fallback_pool_dir()
+
+
+def check_private_dir(path: Path) -> None:
+    """Raise RootstockError unless ``path`` is a real directory of ours with mode 0700."""
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise RootstockError(
+            f"cannot inspect the pool directory {path}: {exc.strerror or exc}",
+            hint="set XDG_RUNTIME_DIR to a private directory of yours",
+        ) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise RootstockError(
+            f"the pool directory {path} is a symbolic link, which could point anywhere",
+            hint=f"remove the link (rm {path}) so rootstock can make a private directory",
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise RootstockError(
+            f"the pool directory {path} exists but is not a directory",
+            hint=f"remove it (rm {path}) so rootstock can make a private directory",
+        )
+    if st.st_uid != os.getuid():
+        raise RootstockError(
+            f"the pool directory {path} belongs to uid {st.st_uid}, not to you "
+            f"(uid {os.getuid()}); another user's directory could hold a planted socket",
+            hint="set XDG_RUNTIME_DIR to a private directory of yours, or ask the owner "
+            f"to remove {path}",
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode != 0o700:
+        raise RootstockError(
+            f"the pool directory {path} has mode {mode:04o}, not 0700, so other users "
+            "could reach the pooled workers' sockets",
+            hint=f"chmod 700 {path} (or remove it and let rootstock make it again)",
+        )
+
+
+def ensure_pool_dir(environ: dict[str, str] | None = None) -> Path:
+    """This user's pool directory, made (0700) if missing, checked either way."""
+    path = pool_dir_path(environ)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(path, 0o700)
+    check_private_dir(path)
+    return path
+
+
+class PoolFiles:
+    """The paths one pooled worker (one key digest) uses in the pool directory."""
+
+    def __init__(self, directory: Path, digest: str) -> None:
+        self.directory = directory
+        self.digest = digest
+        self.socket = directory / f"{digest}.sock"
+        self.state = directory / f"{digest}.json"
+        self.lock = directory / f"{digest}.lock"
+        self.log = directory / f"{digest}.log"
+        self.error = directory / f"{digest}.error.json"
+
+    def remove_leftovers(self) -> None:
+        """Remove the socket, state and error files a dead daemon left behind."""
+        for path in (self.socket, self.state, self.error):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` (0600) aside, then rename: readers never see half."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, sort_keys=True)
+    os.replace(partial, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object from ``path``, or None when it is missing or unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, encoding="utf-8") as fh:
+            value = loads_json(fh.read(1 << 20))
+    except (OSError, ParseProblem, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_states(directory: Path) -> list[dict[str, Any]]:
+    """Every readable state file in the pool directory, oldest first."""
+    states = []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    for name in names:
+        if not name.endswith(".json") or name.endswith(".error.json") or name.startswith("."):
+            continue
+        state = read_json(directory / name)
+        if state is not None and state.get("schema") == STATE_SCHEMA:
+            states.append(state)
+    states.sort(key=lambda s: str(s.get("started", "")))
+    return states
+
+
+def daemon_alive(state: dict[str, Any]) -> bool:
+    """Whether the daemon a state file names still runs (pid reuse counts as gone)."""
+    record = state.get("daemon")
+    if not isinstance(record, dict):
+        return False
+    return not owner_is_gone(record)
+
+
+def utc_now() -> str:
+    """Now, as the ISO 8601 UTC text state files carry."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
