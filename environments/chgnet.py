@@ -68,3 +68,74 @@ def setup_from_path(path, device="cuda", mlp_out_bias=False, **kw):
             f"load it with mlp_out_bias={needed}"
         ) from exc
     return _calculator(model, device, **kw)
+
+
+def _one_at_a_time(calc, atoms, properties):
+    # The single-call path, for items the batched call cannot take; same numbers as
+    # the worker's own loop.
+    atoms = atoms.copy()
+    atoms.calc = calc
+    out = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces()}
+    if "stress" in properties and atoms.pbc.all():
+        out["stress"] = atoms.get_stress()
+    for name in properties:
+        if name not in out and name != "stress" and calc.results.get(name) is not None:
+            out[name] = calc.results[name]
+    return out
+
+
+def evaluate_batch(calc, atoms_list, properties):
+    """Evaluate many structures in one ``CHGNet.predict_graph`` call per batch.
+
+    Returns energy (eV, total: CHGNet predicts eV/atom), forces (eV/Å), stress
+    (eV/Å^3: the model's GPa times the calculator's ``stress_weight``, as
+    CHGNetCalculator converts it) and magmoms, per item. Non-periodic items go
+    through the calculator one at a time (CHGNet needs a cell, so they fail there as
+    they would alone); an item whose graph cannot be built (an isolated atom under
+    ``on_isolated_atoms="error"``) gets its exception in its slot. A failure inside
+    the model's forward fails the whole call, and the worker then runs the items one
+    at a time to find the one that fails.
+    """
+    from pymatgen.io.ase import AseAtomsAdaptor
+
+    model = calc.model
+    results = [None] * len(atoms_list)
+    graphs, where = [], []
+    for index, atoms in enumerate(atoms_list):
+        if not atoms.pbc.all():
+            try:
+                results[index] = _one_at_a_time(calc, atoms, properties)
+            except Exception as exc:  # the model's own error, reported for this item
+                results[index] = exc
+            continue
+        try:
+            graphs.append(model.graph_converter(AseAtomsAdaptor.get_structure(atoms)))
+        except Exception as exc:  # the graph converter's own error, for this item
+            results[index] = exc
+            continue
+        where.append(index)
+    if graphs:
+        # task and flags as CHGNetCalculator.calculate passes them.
+        predictions = model.predict_graph(
+            graphs,
+            task="efsm",
+            return_site_energies=calc.return_site_energies,
+            batch_size=len(graphs),
+        )
+        if len(graphs) == 1:
+            predictions = [predictions]
+        for index, prediction in zip(where, predictions, strict=True):
+            natoms = len(atoms_list[index])
+            extensive = natoms if model.is_intensive else 1
+            out = {
+                "energy": float(prediction["e"]) * extensive,
+                "forces": prediction["f"],
+                "magmoms": prediction["m"],
+            }
+            if "stress" in properties:
+                out["stress"] = prediction["s"] * calc.stress_weight
+            if calc.return_site_energies:
+                out["energies"] = prediction["site_energies"]
+            out["free_energy"] = out["energy"]
+            results[index] = out
+    return results

@@ -80,3 +80,108 @@ def setup_from_path(path, device="cuda", default_dtype="float64", **kw):
     # "*" would load some other file, or none.
     paths = [str(path)]
     return MACECalculator(model_paths=paths, device=device, default_dtype=default_dtype, **kw)
+
+
+def _one_at_a_time(calc, atoms, properties):
+    # The single-call path, for items or setups the batched call does not cover;
+    # same numbers as the worker's own loop.
+    atoms = atoms.copy()
+    atoms.calc = calc
+    out = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces()}
+    if "stress" in properties and atoms.pbc.all():
+        out["stress"] = atoms.get_stress()
+    for name in properties:
+        if name not in out and name != "stress" and calc.results.get(name) is not None:
+            out[name] = calc.results[name]
+    return out
+
+
+def _each_alone(calc, atoms_list, properties):
+    results = []
+    for atoms in atoms_list:
+        try:
+            results.append(_one_at_a_time(calc, atoms, properties))
+        except Exception as exc:  # the model's own error, reported for this item
+            results.append(exc)
+    return results
+
+
+# What the batched path computes; asking for more (charges, dipole) takes the loop.
+_BATCHED = {"energy", "forces", "stress", "energies"}
+
+
+def evaluate_batch(calc, atoms_list, properties):
+    """Evaluate many structures in one MACE forward pass per model on a batch.
+
+    Each item becomes an ``AtomicData`` exactly as MACECalculator builds it (same
+    dtype, cutoff, element table, head); MACE's DataLoader collates them, each model
+    of the calculator runs once on the batch, and its outputs are split per graph and
+    averaged over the models as the calculator does. Returns energy (eV), forces
+    (eV/Å), stress (Voigt, eV/Å^3, 3-D periodic items only) and per-atom energies.
+    A compiled model, atomic stresses, a non-``MACE`` model (dipole, polarisability
+    heads) and properties beyond those go through the calculator one structure at a
+    time.
+    """
+    import torch
+    from ase.stress import full_3x3_to_voigt_6_stress
+    from mace import data as mace_data
+    from mace.tools import torch_geometric, torch_tools
+
+    special = calc.use_compile or calc.compute_atomic_stresses or calc.model_type != "MACE"
+    if special or not set(properties) <= _BATCHED:
+        return _each_alone(calc, atoms_list, properties)
+    keyspec = mace_data.KeySpecification(
+        info_keys=calc.info_keys, arrays_keys={**calc.arrays_keys, calc.charges_key: "charges"}
+    )
+    results = [None] * len(atoms_list)
+    graphs, where = [], []
+    with torch_tools.default_dtype(calc.default_dtype):
+        for index, atoms in enumerate(atoms_list):
+            try:
+                config = mace_data.config_from_atoms(
+                    atoms, key_specification=keyspec, head_name=calc.head
+                )
+                graphs.append(
+                    mace_data.AtomicData.from_config(
+                        config, z_table=calc.z_table, cutoff=calc.r_max, heads=calc.available_heads
+                    )
+                )
+            except Exception as exc:  # e.g. an element outside the model's table
+                results[index] = exc
+                continue
+            where.append(index)
+    if not graphs:
+        return results
+    loader = torch_geometric.dataloader.DataLoader(graphs, batch_size=len(graphs), shuffle=False)
+    base = next(iter(loader)).to(calc.device)
+    sums = None
+    for model in calc.models:
+        batch = base.clone()
+        dtype = next(model.parameters()).dtype
+        for key in batch.keys:
+            value = batch[key]
+            if torch.is_tensor(value) and torch.is_floating_point(value):
+                batch[key] = value.to(dtype=dtype)
+        out = model(batch.to_dict(), compute_stress=True, training=False)
+        parts = {
+            name: out[name].detach()
+            for name in ("energy", "forces", "stress", "node_energy")
+            if out.get(name) is not None
+        }
+        sums = parts if sums is None else {name: sums[name] + parts[name] for name in sums}
+    mean = {name: (value / len(calc.models)).cpu() for name, value in sums.items()}
+    counts = (base["ptr"][1:] - base["ptr"][:-1]).tolist()
+    forces = mean["forces"].split(counts)
+    node_energy = mean["node_energy"].split(counts) if "node_energy" in mean else None
+    energy_unit = calc.energy_units_to_eV
+    force_unit = energy_unit / calc.length_units_to_A
+    stress_unit = energy_unit / calc.length_units_to_A**3
+    for k, index in enumerate(where):
+        energy = float(mean["energy"][k]) * energy_unit
+        item = {"energy": energy, "free_energy": energy, "forces": forces[k].numpy() * force_unit}
+        if "stress" in mean and "stress" in properties and atoms_list[index].pbc.all():
+            item["stress"] = full_3x3_to_voigt_6_stress(mean["stress"][k].numpy()) * stress_unit
+        if node_energy is not None:
+            item["energies"] = node_energy[k].numpy() * energy_unit
+        results[index] = item
+    return results

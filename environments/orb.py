@@ -184,3 +184,83 @@ def setup_from_path(
     if _compiles(device, compile):
         model.compile(mode="default", dynamic=True)
     return ORBCalculator(model, device=device, **kw)
+
+
+def _one_at_a_time(calc, atoms, properties):
+    # The single-call path, for models the batched call does not cover; same numbers
+    # as the worker's own loop.
+    atoms = atoms.copy()
+    atoms.calc = calc
+    out = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces()}
+    if "stress" in properties and atoms.pbc.all():
+        out["stress"] = atoms.get_stress()
+    for name in properties:
+        if name not in out and name != "stress" and calc.results.get(name) is not None:
+            out[name] = calc.results[name]
+    return out
+
+
+def evaluate_batch(calc, atoms_list, properties):
+    """Evaluate many structures in one ORB ``predict`` call on ``batch_graphs``.
+
+    Each item's graph is built as ORBCalculator builds it (its system config,
+    neighbour cap, edge method, device); the outputs are split per graph. Returns
+    energy (eV), forces (eV/Å) and, for 3-D periodic items of a model with a stress
+    head, stress (Voigt, eV/Å^3): the gradient ones for a conservative calculator,
+    the heads' for a direct one, as ORBCalculator picks them. A charge- and
+    spin-conditioned model goes through the calculator one structure at a time.
+    """
+    from orb_models.forcefield.atomic_system import ase_atoms_to_atom_graphs
+    from orb_models.forcefield.base import batch_graphs
+
+    if calc.expects_charge_and_spin:
+        results = []
+        for atoms in atoms_list:
+            try:
+                results.append(_one_at_a_time(calc, atoms, properties))
+            except Exception as exc:  # the model's own error, reported for this item
+                results.append(exc)
+        return results
+    model = calc.model
+    if calc.conservative:
+        forces_name = model.grad_forces_name
+        stress_name = model.grad_stress_name if model.has_stress else None
+    else:
+        forces_name = "forces" if "forces" in model.heads else None
+        stress_name = "stress" if "stress" in model.heads else None
+    energy_name = getattr(model, "energy_name", "energy")
+    results = [None] * len(atoms_list)
+    graphs, where = [], []
+    for index, atoms in enumerate(atoms_list):
+        try:
+            graphs.append(
+                ase_atoms_to_atom_graphs(
+                    atoms,
+                    system_config=calc.system_config,
+                    max_num_neighbors=calc.max_num_neighbors,
+                    edge_method=calc.edge_method,
+                    half_supercell=calc.half_supercell,
+                    device=calc.device,
+                )
+            )
+        except Exception as exc:  # the graph build's own error, for this item
+            results[index] = exc
+            continue
+        where.append(index)
+    if not graphs:
+        return results
+    batch = batch_graphs(graphs).to(calc.device)
+    out = model.predict(batch)
+    counts = batch.n_node.cpu().tolist()
+    energies = out[energy_name].detach().cpu().reshape(-1).numpy()
+    forces = out[forces_name].detach().cpu().split(counts) if forces_name else None
+    stress = out[stress_name].detach().cpu().reshape(len(counts), 6) if stress_name else None
+    for k, index in enumerate(where):
+        energy = float(energies[k])
+        item = {"energy": energy, "free_energy": energy}
+        if forces is not None:
+            item["forces"] = forces[k].numpy()
+        if stress is not None and "stress" in properties and atoms_list[index].pbc.all():
+            item["stress"] = stress[k].numpy()
+        results[index] = item
+    return results

@@ -92,3 +92,62 @@ def setup_from_path(path, device="cuda", **kw):
     from sevenn.calculator import SevenNetCalculator
 
     return SevenNetCalculator(model=str(path), file_type="checkpoint", device=device, **kw)
+
+
+def evaluate_batch(calc, atoms_list, properties):
+    """Evaluate many structures in one SevenNet forward pass on a batch of graphs.
+
+    Each item's graph is built as SevenNetCalculator builds it (same cutoff and
+    modality); the model runs once on the batch with ``set_is_batch_data(True)`` and
+    is put back in single-structure mode afterwards. Returns energy (eV), forces
+    (eV/Å), stress (Voigt, eV/Å^3, sign and order as the calculator's) and the
+    per-atom energies. An item with an element the model does not know gets the
+    calculator's own error in its slot.
+    """
+    import sevenn._keys as KEY
+    from sevenn.atom_graph_data import AtomGraphData
+    from sevenn.train.dataload import unlabeled_atoms_to_graph
+    from torch_geometric.loader import DataLoader
+
+    results = [None] * len(atoms_list)
+    graphs, where = [], []
+    for index, atoms in enumerate(atoms_list):
+        try:
+            calc.set_atoms(atoms)  # the calculator's own species check
+            data = AtomGraphData.from_numpy_dict(
+                unlabeled_atoms_to_graph(atoms, calc.cutoff, with_shift=False)
+            )
+        except Exception as exc:  # the species check or graph build, for this item
+            results[index] = exc
+            continue
+        if calc.modal:
+            data[KEY.DATA_MODALITY] = calc.modal
+        graphs.append(data)
+        where.append(index)
+    if not graphs:
+        return results
+    batch = next(iter(DataLoader(graphs, batch_size=len(graphs), shuffle=False)))
+    batch = batch.to(calc.device)
+    calc.model.set_is_batch_data(True)
+    try:
+        output = calc.model(batch)
+    finally:
+        calc.model.set_is_batch_data(False)
+    counts = output[KEY.NUM_ATOMS].tolist()
+    energies = output[KEY.PRED_TOTAL_ENERGY].detach().cpu().numpy()
+    forces = output[KEY.PRED_FORCE].detach().cpu().split(counts)
+    atomic = output[KEY.ATOMIC_ENERGY].detach().cpu().reshape(-1).split(counts)
+    # SevenNet's stress is the negative, in (xx, yy, zz, xy, yz, zx) order.
+    stress = (-output[KEY.PRED_STRESS]).detach().cpu().numpy()[:, [0, 1, 2, 4, 5, 3]]
+    for k, index in enumerate(where):
+        energy = float(energies[k])
+        out = {
+            "energy": energy,
+            "free_energy": energy,
+            "forces": forces[k].numpy(),
+            "energies": atomic[k].numpy(),
+        }
+        if "stress" in properties and atoms_list[index].pbc.all():
+            out["stress"] = stress[k]
+        results[index] = out
+    return results

@@ -241,9 +241,17 @@ def install_families(root: Path, names: list[str], torch_pin: dict[str, str]) ->
         raise AssertionError("family env builds failed:\n" + "\n".join(failures))
 
 
+#: The other mlip test files and the family envs they build with ``family_env``.
+BATCH_TEST_FAMILIES = {
+    "test_batch_hooks": ("chgnet", "sevennet", "mace", "orb"),
+    "test_neb_shared": ("chgnet",),
+}
+
+
 def families_needed(items) -> list[str]:
     """The family envs that the collected tests use: ``mlip_root`` needs CHGNet and
-    SevenNet; a ``family_env`` test in ``test_family_<name>.py`` needs ``<name>``."""
+    SevenNet; a ``family_env`` test in ``test_family_<name>.py`` needs ``<name>``, and
+    the files in ``BATCH_TEST_FAMILIES`` the families listed there."""
     names: set[str] = set()
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
@@ -252,6 +260,7 @@ def families_needed(items) -> list[str]:
         stem = Path(str(getattr(item, "path", ""))).stem
         if "family_env" in fixtures and stem.startswith("test_family_"):
             names.add(stem.removeprefix("test_family_"))
+        names.update(BATCH_TEST_FAMILIES.get(stem, ()))
     return [name for name in FAMILIES if name in names]
 
 

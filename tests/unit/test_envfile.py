@@ -45,6 +45,7 @@ EXPECTED = {
     "setup-without-device": (13, "setup() accepts no device argument"),
     "setup-without-checkpoint": (13, "setup() takes no checkpoint argument"),
     "setup-from-path-without-path": (20, "setup_from_path() takes no path argument"),
+    "evaluate-batch-without-properties": (19, "evaluate_batch() takes 2 positional argument(s)"),
     "checkpoints-not-literal": (9, "CHECKPOINTS is not a literal"),
     "verify-kwargs-not-literal": (13, "VERIFY_KWARGS is not a literal"),
     "custom-without-setup-from-path": (10, "takes user weights but there is no setup_from_path"),
@@ -95,6 +96,7 @@ REQUIRED_RULES = {
     "id declared by another installed env": "duplicate-id-of-emt",
     "id outside the allowed pattern": "bad-checkpoint-id",
     "CHECKPOINTS value not a string": "checkpoint-value-none",
+    "evaluate_batch with the wrong signature": "evaluate-batch-without-properties",
 }
 
 
@@ -254,6 +256,25 @@ def test_production_samples():
     assert orb.has_download
     assert orb.verify_checks["orb-v3-direct-20-omat"] == {"forces": "direct", "stress": "direct"}
     assert read_env_file(SAMPLES / "tensornet.py").checkpoints
+
+
+@pytest.mark.parametrize(
+    ("name", "batches"),
+    [
+        ("chgnet", True),
+        ("sevennet", True),
+        ("mace", True),
+        ("orb", True),
+        ("uma", False),
+        ("tensornet", False),
+        ("emt", False),
+    ],
+)
+def test_native_batch_hooks_ship_only_where_the_library_batches(name, batches):
+    """The four families with a batched call ship ``evaluate_batch``; the rest loop."""
+    env, problems = parse_env_file(SAMPLES / f"{name}.py")
+    assert problems == []
+    assert env.has_evaluate_batch is batches
 
 
 # --- valid shapes the lint must accept ------------------------------------------------
@@ -436,3 +457,81 @@ def test_a_script_block_nested_past_the_bound_is_a_lint_problem(tmp_path):
     )
     _, problems = parse_env_file(path)
     assert any("nested deeper than" in p.message for p in problems), problems
+
+
+# --- the evaluate_batch hook's signature ------------------------------------------------
+
+
+def _batch_hook_problems(tmp_path: Path, header: str) -> list[LintProblem]:
+    path = write_env(
+        tmp_path,
+        "toy",
+        f"""
+        CHECKPOINTS = {{"toy-1": "toy"}}
+
+
+        {header}
+            return []
+        """,
+    )
+    return parse_env_file(path)[1]
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "def evaluate_batch(calc, atoms_list, properties):",
+        "def evaluate_batch(calc, atoms_list, properties, /):",
+        "def evaluate_batch(calc, atoms_list, properties, chunk=16, *, strict=False):",
+        "def evaluate_batch(calc, *rest):",
+        "def evaluate_batch(*args, **kw):",
+    ],
+)
+def test_batch_hook_signatures_the_worker_can_call(tmp_path, header):
+    assert _batch_hook_problems(tmp_path, header) == []
+
+
+@pytest.mark.parametrize(
+    ("header", "says"),
+    [
+        ("def evaluate_batch(atoms_list):", "takes 1 positional argument(s) (atoms_list)"),
+        ("def evaluate_batch():", "takes 0 positional argument(s) (nothing)"),
+        (
+            "def evaluate_batch(calc, atoms_list, properties, batch_size):",
+            "requires 4 positional arguments (batch_size has no default)",
+        ),
+        (
+            "def evaluate_batch(calc, atoms_list, *, properties):",
+            "takes 2 positional argument(s) (calc, atoms_list)",
+        ),
+        (
+            "def evaluate_batch(calc, atoms_list, properties, *, device):",
+            "requires keyword-only argument(s) device",
+        ),
+        ("async def evaluate_batch(calc, atoms_list, properties):", "is async"),
+    ],
+)
+def test_batch_hook_signatures_the_worker_cannot_call(tmp_path, header, says):
+    problems = _batch_hook_problems(tmp_path, header)
+    assert len(problems) == 1, problems
+    (problem,) = problems
+    assert says in problem.message
+    assert problem.line == 11  # the def line, after the script block and the table
+    assert "def evaluate_batch(calc, atoms_list, properties)" in problem.fix
+
+
+def test_a_bad_batch_hook_fails_the_install_lint(tmp_path):
+    path = write_env(
+        tmp_path,
+        "toy",
+        """
+        CHECKPOINTS = {"toy-1": "toy"}
+
+
+        def evaluate_batch(calc, atoms_list):
+            return []
+        """,
+    )
+    with pytest.raises(EnvFileError) as caught:
+        read_env_file(path)
+    assert "evaluate_batch" in str(caught.value)

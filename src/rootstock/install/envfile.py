@@ -3,7 +3,8 @@
 An env file is never imported by the client. Its dependencies come from the
 ``# /// script`` block; ``CHECKPOINTS``, ``VERIFY_KWARGS``, ``VERIFY_CHECKS``, ``CLUSTERS``
 and ``VERIFY_STRUCTURE`` are literal module-level assignments; ``setup``,
-``setup_from_path`` and ``download`` are detected as top-level functions.
+``setup_from_path``, ``download`` and ``evaluate_batch`` are detected as top-level
+functions.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rootstock.errors import EnvFileError
+from rootstock.install.envhooks import EVALUATE_BATCH, check_evaluate_batch
 from rootstock.install.envtables import (
     CHECKPOINT_ID_RE,
     CUSTOM_SUFFIX,
@@ -95,6 +97,11 @@ class EnvFile:
     @property
     def has_setup_from_path(self) -> bool:
         return "setup_from_path" in self.functions
+
+    @property
+    def has_evaluate_batch(self) -> bool:
+        """True when the env batches natively (the worker loops in-process otherwise)."""
+        return EVALUATE_BATCH in self.functions
 
     @property
     def has_download(self) -> bool:
@@ -244,6 +251,8 @@ def _read_module(env: EnvFile, tree: ast.Module, problem: Report) -> None:
                 _check_signature(node, "checkpoint", SETUP_SIGNATURE, problem)
             elif node.name == "setup_from_path":
                 _check_signature(node, "path", SETUP_FROM_PATH_SIGNATURE, problem)
+            elif node.name == EVALUATE_BATCH:
+                check_evaluate_batch(node, problem)
             continue
         target, value = _simple_assignment(node)
         if target not in TABLES or value is None:
