@@ -326,3 +326,30 @@ def test_a_structure_too_large_for_a_batch_frame_goes_as_a_single_call(emt, batc
     assert results[1]["energies"].shape == (32,)
     assert isinstance(results[2], WorkerError)
     assert str(results[2]).startswith("structure 2: 'emt' (env emt) failed in the calculation")
+
+
+def test_an_env_vendored_before_batching_gets_a_rebuild_hint(own_root):
+    # An older worker: its protocol module does not know the BATCH word. The file is
+    # replaced, never written through (uv hard-links files from its cache).
+    vendored = next((own_root / "envs" / "emt").resolve().glob("lib/python*/site-packages"))
+    protocol = vendored / "rootstock" / "runtime" / "protocol.py"
+    text = protocol.read_text()
+    assert "        BATCH, BATCHREADY,\n" in text
+    older = protocol.with_name("protocol.py.older")
+    older.write_text(text.replace("        BATCH, BATCHREADY,\n", ""))
+    os.replace(older, protocol)
+    for cached in protocol.parent.glob("__pycache__/protocol.*"):
+        cached.unlink()
+    with RootstockCalculator(root=own_root, checkpoint="emt", device="cpu", shared=False) as calc:
+        with pytest.raises(WorkerError, match="older rootstock") as caught:
+            calc.calculate_batch([cu()])
+        assert not isinstance(caught.value, WorkerDiedError)
+        assert "rootstock install emt --force" in str(caught.value)
+        atoms = cu()
+        atoms.calc = calc
+        # Single calls still work with that worker (a fresh one: the old one exited).
+        reference = cu()
+        reference.calc = EMT()
+        assert atoms.get_potential_energy() == pytest.approx(
+            reference.get_potential_energy(), **TIGHT
+        )

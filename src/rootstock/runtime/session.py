@@ -48,6 +48,10 @@ EXIT_GRACE_S = 2.0
 _Reply = TypeVar("_Reply")
 
 
+# What a worker vendored before batching logs when it receives a BATCH frame.
+OLD_WORKER_SIGN = "unknown header b'BATCH"
+
+
 class Unset:
     """The type of :data:`UNSET`: "not given", where None already means "no limit"."""
 
@@ -268,9 +272,20 @@ class WorkerSession:
             raise ProtocolError("the worker session is closed")
         stream = self.stream
         natoms = [item.natoms for item in request.items]
-        reply = self._exchange(
-            stream, encode_batch(request), lambda: read_batch_reply(stream, natoms), timeout
-        )
+        try:
+            reply = self._exchange(
+                stream, encode_batch(request), lambda: read_batch_reply(stream, natoms), timeout
+            )
+        except WorkerDiedError as exc:
+            if OLD_WORKER_SIGN not in exc.output_tail:
+                raise
+            env = self.spec.env_name
+            raise WorkerError(
+                f"env {env!r} was built by an older rootstock whose worker has no batched "
+                "evaluation (it does not know the BATCH frame)",
+                hint=f"rebuild it with `rootstock install {env} --force`, or compute "
+                "one structure at a time (atoms.calc = calc)",
+            ) from None
         if isinstance(reply, ErrorReply):
             raise self._raise_error(reply)
         if self.usage.force_calls is not None:
