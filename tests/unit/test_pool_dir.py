@@ -162,7 +162,6 @@ def test_ids_are_selected_by_unique_prefix_and_unknown_ones_list_the_known():
 
 def test_the_daemon_gets_back_the_spec_it_was_started_for(tmp_path):
     from rootstock.install.layout import InstallLayout
-    from rootstock.runtime.pool import spec_from_json, spec_to_json
     from rootstock.runtime.spec import WorkerSpec
 
     spec = WorkerSpec(
@@ -174,7 +173,7 @@ def test_the_daemon_gets_back_the_spec_it_was_started_for(tmp_path):
         weights=tmp_path / "w.model",
         cluster="perlmutter",
     )
-    back = spec_from_json(spec_to_json(spec))
+    back = WorkerSpec.from_json(spec.to_json())
     assert back.layout == spec.layout and back.weights == spec.weights
     assert (back.checkpoint, back.env_name, back.device, back.cluster) == (
         "mace:custom",

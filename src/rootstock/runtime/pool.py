@@ -30,7 +30,6 @@ import logging
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
@@ -40,7 +39,6 @@ from typing import Any
 import numpy as np
 
 from rootstock.errors import ProtocolError, RootstockError
-from rootstock.install.layout import InstallLayout
 from rootstock.runtime.pool_dir import (
     STATE_SCHEMA,
     PoolFiles,
@@ -70,7 +68,7 @@ from rootstock.runtime.protocol import (
     encode_error,
     encode_posdata,
 )
-from rootstock.runtime.server import owner_record
+from rootstock.runtime.server import owner_record, peer_uid
 from rootstock.runtime.session import WorkerSession
 from rootstock.runtime.spec import WorkerSpec
 from rootstock.runtime.worker_key import worker_key
@@ -84,44 +82,6 @@ TICK_S = 0.2
 # How long a stop waits for a call in flight before the worker is killed.
 STOP_GRACE_S = 5.0
 EXIT_SETUP_FAILED = 3
-
-
-def spec_to_json(spec: WorkerSpec) -> str:
-    """``spec`` as the JSON text the daemon's ``--spec`` takes."""
-    return json.dumps(
-        {
-            "root": str(spec.layout.root),
-            "cache_root": str(spec.layout.cache_root),
-            "checkpoint": spec.checkpoint,
-            "env_name": spec.env_name,
-            "device": spec.device,
-            "setup_kwargs": spec.setup_kwargs,
-            "weights": str(spec.weights) if spec.weights is not None else None,
-            "cluster": spec.cluster,
-        },
-        allow_nan=True,
-    )
-
-
-def spec_from_json(text: str) -> WorkerSpec:
-    """The :class:`WorkerSpec` that :func:`spec_to_json` wrote."""
-    data = json.loads(text)
-    return WorkerSpec(
-        layout=InstallLayout(root=Path(data["root"]), cache_root=Path(data["cache_root"])),
-        checkpoint=data["checkpoint"],
-        env_name=data["env_name"],
-        device=data["device"],
-        setup_kwargs=dict(data.get("setup_kwargs") or {}),
-        weights=Path(data["weights"]) if data.get("weights") else None,
-        cluster=data.get("cluster"),
-    )
-
-
-def _peer_uid(conn: socket.socket) -> int | None:
-    if not hasattr(socket, "SO_PEERCRED"):
-        return None
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
 
 
 class PoolClient:
@@ -305,7 +265,7 @@ class PoolDaemon:
             listener.close()
 
     def _admit(self, conn: socket.socket) -> None:
-        uid = _peer_uid(conn)
+        uid = peer_uid(conn)
         if uid is not None and uid != os.getuid():
             log.warning("refused a connection from uid %d", uid)
             conn.close()
@@ -461,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     directory = Path(args.pool_dir)
     check_private_dir(directory)
     files = PoolFiles(directory, args.digest)
-    spec = spec_from_json(args.spec)
+    spec = WorkerSpec.from_json(args.spec)
     if worker_key(spec).digest != args.digest:
         log.error("the env changed before the daemon started; the next attach retries")
         return 1

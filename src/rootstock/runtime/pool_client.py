@@ -17,7 +17,6 @@ import fcntl
 import os
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -31,7 +30,7 @@ from rootstock.errors import (
     WorkerError,
     WorkerTimeout,
 )
-from rootstock.runtime.pool import DEFAULT_IDLE_TIMEOUT, spec_to_json
+from rootstock.runtime.pool import DEFAULT_IDLE_TIMEOUT
 from rootstock.runtime.pool_dir import (
     PoolFiles,
     daemon_alive,
@@ -39,6 +38,7 @@ from rootstock.runtime.pool_dir import (
     read_json,
 )
 from rootstock.runtime.protocol import EXIT, READY, STATUS, ErrorReply, FrameStream, PeerClosed
+from rootstock.runtime.server import peer_uid
 from rootstock.runtime.session import WorkerSession
 from rootstock.runtime.spec import WorkerSpec
 from rootstock.runtime.worker_key import WorkerKey
@@ -61,11 +61,8 @@ class DaemonInfo:
 
 def _check_daemon_uid(conn: socket.socket) -> None:
     """Refuse a socket that another user's process is listening on."""
-    if not hasattr(socket, "SO_PEERCRED"):
-        return
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    if uid != os.getuid():
+    uid = peer_uid(conn)
+    if uid is not None and uid != os.getuid():
         conn.close()
         raise ProtocolError(f"refused the pool socket: it is served by uid {uid}, not by you")
 
@@ -139,7 +136,7 @@ def _spawn_daemon(
         "-m",
         DAEMON_MODULE,
         "--spec",
-        spec_to_json(spec),
+        spec.to_json(),
         "--digest",
         files.digest,
         "--pool-dir",

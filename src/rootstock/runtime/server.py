@@ -320,12 +320,17 @@ class WorkerListener:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
+def peer_uid(conn: socket.socket) -> int | None:
+    """The uid of the process at the other end of a Unix socket (None: not on Linux)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return None
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
 def _check_peer(conn: socket.socket) -> None:
     """Refuse a connection from another user (defence in depth on top of 0700)."""
-    if not hasattr(socket, "SO_PEERCRED"):
-        return
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    if uid != os.getuid():
+    uid = peer_uid(conn)
+    if uid is not None and uid != os.getuid():
         conn.close()
         raise ProtocolError(f"refused a worker connection from uid {uid}")

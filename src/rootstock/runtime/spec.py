@@ -46,6 +46,36 @@ class WorkerSpec:
         """The env's built ``env_source.py``, whose ``setup()`` the worker calls."""
         return self.layout.env_source(self.env_name)
 
+    def to_json(self) -> str:
+        """This spec as JSON text (a pool daemon is started with it)."""
+        return json.dumps(
+            {
+                "root": str(self.layout.root),
+                "cache_root": str(self.layout.cache_root),
+                "checkpoint": self.checkpoint,
+                "env_name": self.env_name,
+                "device": self.device,
+                "setup_kwargs": self.setup_kwargs,
+                "weights": str(self.weights) if self.weights is not None else None,
+                "cluster": self.cluster,
+            },
+            allow_nan=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerSpec:
+        """The spec :meth:`to_json` wrote."""
+        data = json.loads(text)
+        return cls(
+            layout=InstallLayout(root=Path(data["root"]), cache_root=Path(data["cache_root"])),
+            checkpoint=data["checkpoint"],
+            env_name=data["env_name"],
+            device=data["device"],
+            setup_kwargs=dict(data.get("setup_kwargs") or {}),
+            weights=Path(data["weights"]) if data.get("weights") else None,
+            cluster=data.get("cluster"),
+        )
+
 
 def check_setup_kwargs(setup_kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """Validate keyword arguments for ``setup()``: strings, not reserved, JSON-able."""
