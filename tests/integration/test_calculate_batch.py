@@ -300,7 +300,7 @@ def test_rootstock_evaluate(fake_built_root, batches):
     uranium.numbers[0] = 92
     out = rootstock.evaluate([uranium], checkpoint="emt", root=fake_built_root, errors="return")
     assert isinstance(out[0], WorkerError)
-    with pytest.raises(UsageError, match=r"rootstock\.parallel \(issue #17\)"):
+    with pytest.raises(UsageError, match=r"no Parsl or Dask executors"):
         rootstock.evaluate(images, checkpoint="emt", root=fake_built_root, executor="dask")
     with pytest.raises(UsageError, match=r"unknown keyword.*colour"):
         rootstock.evaluate(images, checkpoint="emt", root=fake_built_root, colour="red")

@@ -343,8 +343,8 @@ def evaluate(
 
     if executor is not None:
         raise UsageError(
-            "rootstock.evaluate has no executors yet: engine executors come with "
-            "rootstock.parallel (issue #17)",
+            f"rootstock.evaluate cannot use executor={type(executor).__name__}: this "
+            "version evaluates in this process's worker only (no Parsl or Dask executors)",
             hint="leave executor=None to evaluate in this process's worker",
         )
     properties = calculator_kwargs.pop("properties", DEFAULT_PROPERTIES)
