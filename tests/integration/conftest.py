@@ -39,6 +39,7 @@ RUNTIME_ENVS = {
     "custom-no-hook": TEST_ENVS / "custom_no_hook.py",
     "probe": TEST_ENVS / "probe.py",
     "null": TEST_ENVS / "null_model.py",
+    "batch-emt": TEST_ENVS / "batch_emt.py",
 }
 
 

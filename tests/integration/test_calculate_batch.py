@@ -4,6 +4,7 @@ errors, worker death and timeouts."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -353,3 +354,39 @@ def test_an_env_vendored_before_batching_gets_a_rebuild_hint(own_root):
         assert atoms.get_potential_energy() == pytest.approx(
             reference.get_potential_energy(), **TIGHT
         )
+
+
+def test_the_envs_hook_gets_whole_chunks_and_a_failing_chunk_is_rerun_one_at_a_time(
+    fake_built_root, tmp_path
+):
+    record = tmp_path / "hook-calls.jsonl"
+    images = [cu(seed=seed) for seed in range(10)]
+    with RootstockCalculator(
+        root=fake_built_root,
+        checkpoint="batch-emt",
+        device="cpu",
+        setup_kwargs={"record": str(record)},
+        shared=False,
+    ) as calc:
+        results = calc.calculate_batch(images, batch_size=4)
+        calls = [json.loads(line) for line in record.read_text().splitlines()]
+        assert [call["size"] for call in calls] == [4, 4, 2]
+        assert all(call["properties"] == ["energy", "forces", "stress"] for call in calls)
+        for atoms, result in zip(images, results, strict=True):
+            reference = atoms.copy()
+            reference.calc = EMT()
+            assert result["energy"] == pytest.approx(reference.get_potential_energy(), **TIGHT)
+            np.testing.assert_allclose(result["forces"], reference.get_forces(), **CLOSE)
+            np.testing.assert_allclose(result["stress"], reference.get_stress(), **CLOSE)
+        pid = calc.worker_pid
+        record.unlink()
+        uranium = cu(seed=20)
+        uranium.numbers[0] = 92
+        out = calc.calculate_batch([cu(seed=21), uranium, cu(seed=22)], errors="return")
+        # The hook failed the chunk as a whole; re-run one structure at a time, it named it.
+        sizes = [json.loads(line)["size"] for line in record.read_text().splitlines()]
+        assert sizes == [3, 1, 1, 1]
+        assert isinstance(out[0], dict) and isinstance(out[2], dict)
+        assert isinstance(out[1], WorkerError)
+        assert str(out[1]).startswith("structure 1: 'batch-emt'")
+        assert calc.worker_pid == pid
