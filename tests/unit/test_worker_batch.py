@@ -240,3 +240,30 @@ def test_results_are_copied_before_the_next_structure_refills_a_models_buffer():
         ref = atoms.copy()
         ref.calc = EMT()
         np.testing.assert_allclose(result.forces, ref.get_forces(), rtol=0, atol=1e-12)
+
+
+def test_a_run_of_one_system_is_one_trajectory_to_the_model_and_a_new_system_starts_clean():
+    class CountingEMT(ChargeEMT):
+        resets = 0
+
+        def reset(self):
+            CountingEMT.resets += 1
+            super().reset()
+
+    base = bulk("Cu", "fcc", a=3.62, cubic=True) * (2, 1, 1)
+    images = []
+    for seed, charge in ((1, 0), (2, 0), (3, 0), (4, 1), (5, 1)):
+        atoms = base.copy()
+        atoms.rattle(0.05, seed=seed)
+        atoms.info["charge"] = charge
+        images.append(atoms)
+    runner = ModelRunner(CountingEMT())
+    CountingEMT.resets = 0
+    reply = run(runner, None, images)
+    # One start for the charge-0 run, one for the charge-1 run, one after the batch.
+    assert CountingEMT.resets == 3
+    for atoms, result in zip(images, reply.results, strict=True):
+        energy, forces, virial, _ = single(atoms, stress=True)
+        assert result.energy == pytest.approx(energy, rel=1e-12)
+        np.testing.assert_allclose(result.forces, forces, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(result.virial, virial, rtol=1e-10, atol=1e-12)

@@ -13,6 +13,7 @@ What the hook receives and must return is documented in docs/protocol.md
 
 from __future__ import annotations
 
+import json
 import logging
 import traceback
 from collections.abc import Callable
@@ -114,16 +115,37 @@ def _in_process(runner: ModelRunner, request: BatchRequest) -> list[_Outcome]:
     stress = "stress" in request.properties
     forces = "forces" in request.properties
     outcomes: list[_Outcome] = []
+    current: tuple | None = None
     for item in request.items:
+        # As in a single call: stress only for cells periodic in all three directions.
+        want_stress = stress and _is_3d_periodic(item)
+        system = _system_key(item, want_stress)
         try:
-            # As in a single call: stress only for cells periodic in all three directions.
-            sibling.start_system(_atoms_of(item), want_stress=stress and _is_3d_periodic(item))
+            # A run of structures of one system (a screen of one composition) is a
+            # trajectory to the model, as consecutive single calls are: only a new
+            # system starts it clean, so its neighbour lists and caches carry over.
+            if system != current:
+                current = None
+                sibling.start_system(_atoms_of(item), want_stress=want_stress)
+                current = system
             evaluation = sibling.evaluate(item.cell, item.positions)
         except Exception as exc:
+            current = None  # whatever the model kept after a failure is not trusted
             outcomes.append(_item_error(exc))
             continue
         outcomes.append((_from_evaluation(evaluation, forces), evaluation.filled))
     return outcomes
+
+
+def _system_key(item: BatchItem, want_stress: bool) -> tuple:
+    """What a single call's INIT carries: equal keys are one system to the model."""
+    return (
+        item.numbers.tobytes(),
+        np.asarray(item.pbc).tobytes(),
+        json.dumps(item.info, sort_keys=True),
+        tuple((name, np.asarray(values).tobytes()) for name, values in sorted(item.arrays.items())),
+        want_stress,
+    )
 
 
 def _from_evaluation(evaluation: Evaluation, forces: bool) -> ItemResult:
