@@ -27,6 +27,7 @@ from ase.calculators.emt import EMT
 
 from rootstock import RootstockCalculator
 from rootstock.errors import RootstockError, WorkerDiedError, WorkerError
+from rootstock.install.layout import resolve_layout
 from rootstock.ops.workers import list_workers, stop_workers
 from rootstock.runtime.pool_dir import read_states
 from tests.conftest import run_rootstock
@@ -149,12 +150,21 @@ def test_pooled_worker_outlives_its_calculator_and_serves_another_process(
     assert oct(os.stat(directory).st_mode & 0o777) == "0o700"
     assert oct(os.stat(worker.socket).st_mode & 0o777) == "0o600"
 
-    proc = client_process(fake_built_root)
-    out, err = proc.communicate(timeout=30)
+    # A usage spool for this test only (the session's root has none, and keeps none).
+    spool = resolve_layout(fake_built_root).usage_dir
+    spool.mkdir()
+    try:
+        proc = client_process(fake_built_root)
+        out, err = proc.communicate(timeout=30)
+        records = [json.loads(path.read_text()) for path in spool.glob("*.json")]
+    finally:
+        shutil.rmtree(spool)
     assert proc.returncode == 0, err
     reply = json.loads(out.splitlines()[-1])
     assert reply["pid"] == worker_pid
     assert reply["energy"] == pytest.approx(emt_energy(atoms), abs=1e-10)
+    # The client never closed its calculator: its session's record was written at exit.
+    assert [(r["checkpoint"], r["force_calls"]) for r in records] == [("emt", 1)]
 
     listed = json.loads(run_rootstock("workers", "list", "--json").stdout)
     assert listed["schema"] == 1

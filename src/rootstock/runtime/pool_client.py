@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -328,6 +329,9 @@ class PoolSession(WorkerSession):
         record = info.state.get("daemon")
         self._daemon_record = record if isinstance(record, dict) else None
         self.usage.connected = True
+        # A calculator never closed still leaves its usage record, when it is collected
+        # or at exit (the connection closes with the process; the daemon sees EOF).
+        self._finalizer = weakref.finalize(self, self.usage.finish)
         return self
 
     def _check_alive(self) -> None:
