@@ -91,6 +91,25 @@ def live_descendants(ancestor: int) -> list[int]:
     return sorted(found)
 
 
+def worker_children(root: Path) -> list[int]:
+    """This process's live children that run a rootstock worker of ``root``."""
+    found = []
+    needle = str(root).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        info = _stat(int(entry))
+        if info is None or info[1] != os.getpid() or info[0] == "Z":
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"rootstock.worker" in cmdline and needle in cmdline:
+            found.append(int(entry))
+    return found
+
+
 def describe(pid: int) -> dict[str, Any]:
     """What a survivor is: its pid, parent, session, name and command line."""
     info: dict[str, Any] = {"pid": pid}

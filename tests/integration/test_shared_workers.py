@@ -27,6 +27,7 @@ from ase.mep import NEB
 from rootstock import RootstockCalculator
 from rootstock.errors import WorkerDiedError, WorkerTimeout
 from rootstock.runtime import shared
+from tests.integration.killing import is_running, worker_children
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(180)]
 
@@ -49,42 +50,11 @@ def energy(calc: RootstockCalculator, atoms) -> float:
     return atoms.get_potential_energy()
 
 
-def is_running(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def wait_gone(pid: int, within: float = 10.0) -> bool:
     deadline = time.monotonic() + within
     while is_running(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not is_running(pid)
-
-
-def worker_children(root: Path) -> list[int]:
-    """This process's live children that run a rootstock worker of ``root``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if (
-            int(fields[1]) == os.getpid()
-            and fields[0] != "Z"
-            and b"rootstock.worker" in cmdline
-            and str(root).encode() in cmdline
-        ):
-            found.append(int(entry.name))
-    return found
 
 
 @pytest.fixture

@@ -10,38 +10,17 @@ images would hold seven of those.
 from __future__ import annotations
 
 import copy
-import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.integration.killing import worker_children
 
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1200)]
 
 CHECKPOINT = "chgnet-0.3.0"
 IMAGES = 7
-
-
-def worker_children(root: Path) -> list[int]:
-    """This process's live children that run a rootstock worker of ``root``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if (
-            int(fields[1]) == os.getpid()
-            and fields[0] != "Z"
-            and b"rootstock.worker" in cmdline
-            and str(root).encode() in cmdline
-        ):
-            found.append(int(entry.name))
-    return found
 
 
 def rss_mib(pid: int) -> float:
