@@ -2,7 +2,8 @@
 
 The package import is kept light on purpose: the CLI's ``--help`` and the worker's
 start-up both import it, so numpy, ase and rich are only pulled in by the modules
-that need them. ``RootstockCalculator`` and ``evaluate`` are loaded on first access.
+that need them. ``RootstockCalculator``, ``evaluate`` and ``evaluate_iter`` load on
+first access.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ __all__ = [
     "WorkerError",
     "__version__",
     "evaluate",
+    "evaluate_iter",
 ]
 
 if TYPE_CHECKING:
-    from rootstock.runtime.batch import evaluate
+    from rootstock.parallel.evaluation import evaluate, evaluate_iter
     from rootstock.runtime.calculator import RootstockCalculator
 
 
@@ -32,8 +34,8 @@ def __getattr__(name: str) -> Any:
         from rootstock.runtime.calculator import RootstockCalculator
 
         return RootstockCalculator
-    if name == "evaluate":
-        from rootstock.runtime.batch import evaluate
+    if name in ("evaluate", "evaluate_iter"):
+        from rootstock.parallel import evaluation
 
-        return evaluate
+        return getattr(evaluation, name)
     raise AttributeError(f"module 'rootstock' has no attribute {name!r}")

@@ -23,6 +23,21 @@ class RootstockError(Exception):
             return f"{self.message}\n  hint: {self.hint}"
         return self.message
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle every field: an error raised in a Parsl or Dask worker reaches the
+        client whole (hint, traceback, partial results), whatever the subclass's
+        constructor takes."""
+        return (_rebuild_error, (type(self), self.args, self.__dict__.copy()))
+
+
+def _rebuild_error(
+    cls: type[RootstockError], args: tuple[Any, ...], state: dict[str, Any]
+) -> RootstockError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
+
 
 class UsageError(RootstockError):
     """The command line itself is wrong (exit code 2)."""
@@ -176,3 +191,13 @@ class WorkerTimeout(WorkerError):
 
 class ProtocolError(RootstockError):
     """A malformed or unexpected frame on the worker socket."""
+
+
+class MissingExtra(RootstockError):
+    """An optional part of rootstock (an engine, an integration) whose extra is not
+    installed; the hint names the ``pip install 'rootstock[...]'`` that brings it."""
+
+
+class EngineError(RootstockError):
+    """A scale-out engine (Parsl, Dask) could not run the work: its scheduler refused
+    the job, no engine worker arrived in time, or workers kept dying."""

@@ -40,6 +40,7 @@ RUNTIME_ENVS = {
     "probe": TEST_ENVS / "probe.py",
     "null": TEST_ENVS / "null_model.py",
     "batch-emt": TEST_ENVS / "batch_emt.py",
+    "count-emt": TEST_ENVS / "count_emt.py",
 }
 
 

@@ -301,8 +301,9 @@ def test_rootstock_evaluate(fake_built_root, batches):
     uranium.numbers[0] = 92
     out = rootstock.evaluate([uranium], checkpoint="emt", root=fake_built_root, errors="return")
     assert isinstance(out[0], WorkerError)
-    with pytest.raises(UsageError, match=r"no Parsl or Dask executors"):
+    with pytest.raises(UsageError, match=r"cannot use executor=builtins.str") as refused:
         rootstock.evaluate(images, checkpoint="emt", root=fake_built_root, executor="dask")
+    assert "Parsl Config" in str(refused.value) and "distributed.Client" in str(refused.value)
     with pytest.raises(UsageError, match=r"unknown keyword.*colour"):
         rootstock.evaluate(images, checkpoint="emt", root=fake_built_root, colour="red")
     assert "evaluate" in rootstock.__all__

@@ -5,15 +5,16 @@
 structure goes alone), sends each chunk as one ``BATCH`` frame and yields
 ``(index, result)`` in input order, so memory on both sides stays bounded by a
 chunk. :func:`calculate_batch` (``RootstockCalculator.calculate_batch``) collects
-it into a list, and :func:`evaluate` (``rootstock.evaluate``) wraps a calculator
-around that. Units and keys are those of ``calc.results``; see docs/calculator.md.
+it into a list, and ``rootstock.evaluate`` (:mod:`rootstock.parallel.evaluation`)
+wraps a calculator around that, here or on a Parsl or Dask executor. Units and
+keys are those of ``calc.results``; see docs/calculator.md.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -91,21 +92,32 @@ def _checked_atoms(index: int, item: Any) -> Any:
     return item
 
 
-def iter_batch(
+@dataclass(frozen=True)
+class BatchPlan:
+    """A checked batch request: the structures still to read, and how to cut them."""
+
+    images: Iterator[Any]
+    properties: tuple[str, ...]
+    batch_size: int
+    max_atoms: int
+    raise_errors: bool
+
+    def chunks(self) -> Iterator[list[tuple[int, Any]]]:
+        """Lists of ``(index, atoms)``, read lazily (see :func:`chunks`)."""
+        return chunks(self.images, self.batch_size, self.max_atoms)
+
+
+def plan_batch(
     calc: RootstockCalculator,
     images: Iterable[Any],
     properties: Iterable[str] = DEFAULT_PROPERTIES,
     batch_size: int | None = None,
     errors: str = "raise",
-) -> Iterator[tuple[int, Outcome]]:
-    """Yield ``(index, result)`` for every structure of ``images``, in input order.
+) -> BatchPlan:
+    """Check the arguments of a batch call before anything is sent (UsageError).
 
-    The arguments are checked before anything is sent (UsageError); for a list or
-    tuple every item is checked too, for any other iterable each item as it is
-    reached. A failing structure raises WorkerError naming its index, once its
-    chunk's reply has been read (``errors="raise"``), or is yielded as that
-    WorkerError (``errors="return"``). A worker death or timeout ends the
-    iteration with WorkerDiedError or WorkerTimeout.
+    For a list or tuple every item is checked too; for any other iterable each
+    item is checked as it is reached.
     """
     from ase import Atoms
 
@@ -131,25 +143,37 @@ def iter_batch(
         for index, item in enumerate(images):
             _checked_atoms(index, item)
     max_atoms = min(calc.max_atoms_per_chunk, WIRE_ATOMS_PER_CHUNK)
-    return _stream(calc, iterator, names, size, max_atoms, errors == "raise")
+    return BatchPlan(iterator, names, size, max_atoms, errors == "raise")
 
 
-def _stream(
+def iter_batch(
     calc: RootstockCalculator,
-    images: Iterator[Any],
-    names: tuple[str, ...],
-    size: int,
-    max_atoms: int,
-    raise_errors: bool,
+    images: Iterable[Any],
+    properties: Iterable[str] = DEFAULT_PROPERTIES,
+    batch_size: int | None = None,
+    errors: str = "raise",
 ) -> Iterator[tuple[int, Outcome]]:
-    for chunk in _chunks(images, size, max_atoms):
-        for index, outcome in _run_chunk(calc, chunk, names):
-            if raise_errors and isinstance(outcome, WorkerError):
+    """Yield ``(index, result)`` for every structure of ``images``, in input order.
+
+    The arguments are checked before anything is sent (:func:`plan_batch`). A
+    failing structure raises WorkerError naming its index, once its chunk's reply
+    has been read (``errors="raise"``), or is yielded as that WorkerError
+    (``errors="return"``). A worker death or timeout ends the iteration with
+    WorkerDiedError or WorkerTimeout.
+    """
+    return stream_batch(calc, plan_batch(calc, images, properties, batch_size, errors))
+
+
+def stream_batch(calc: RootstockCalculator, plan: BatchPlan) -> Iterator[tuple[int, Outcome]]:
+    """``(index, result)`` for a checked plan, in input order (see :func:`iter_batch`)."""
+    for chunk in plan.chunks():
+        for index, outcome in run_chunk(calc, chunk, plan.properties):
+            if plan.raise_errors and isinstance(outcome, WorkerError):
                 raise outcome
             yield index, outcome
 
 
-def _chunks(images: Iterator[Any], size: int, max_atoms: int) -> Iterator[list[tuple[int, Any]]]:
+def chunks(images: Iterator[Any], size: int, max_atoms: int) -> Iterator[list[tuple[int, Any]]]:
     """Lists of ``(index, atoms)``: at most ``size`` structures and ``max_atoms`` atoms,
     except that a structure larger than ``max_atoms`` makes a chunk of its own."""
     chunk: list[tuple[int, Any]] = []
@@ -196,10 +220,14 @@ def _batch_item(atoms: Any) -> BatchItem:
     )
 
 
-def _run_chunk(
+def run_chunk(
     calc: RootstockCalculator, chunk: list[tuple[int, Any]], names: tuple[str, ...]
 ) -> list[tuple[int, Outcome]]:
-    """One chunk's outcomes, in order: one BATCH round trip for what can be sent."""
+    """One chunk's outcomes, in order: one BATCH round trip for what can be sent.
+
+    The indices are the caller's (a scale-out task keeps the input's own); model
+    failures come back as WorkerError in their slots, never raised.
+    """
     outcomes: dict[int, Outcome] = {}
     sent: list[tuple[int, Any]] = []
     for index, atoms in chunk:
@@ -324,40 +352,3 @@ def calculate_batch(
         exc.partial_results = results
         raise
     return results
-
-
-def evaluate(
-    images: Iterable[Any],
-    checkpoint: str,
-    device: str = "cpu",
-    executor: Any = None,
-    batch_size: int = 64,
-    **calculator_kwargs: Any,
-) -> list[Outcome]:
-    """Evaluate ``images`` with ``checkpoint`` in one calculator, then close it.
-
-    ``properties=`` and ``errors=`` go to :func:`calculate_batch`; every other
-    keyword to :class:`~rootstock.runtime.calculator.RootstockCalculator`.
-    """
-    from rootstock.runtime.calculator import RootstockCalculator
-
-    if executor is not None:
-        raise UsageError(
-            f"rootstock.evaluate cannot use executor={type(executor).__name__}: this "
-            "version evaluates in this process's worker only (no Parsl or Dask executors)",
-            hint="leave executor=None to evaluate in this process's worker",
-        )
-    properties = calculator_kwargs.pop("properties", DEFAULT_PROPERTIES)
-    errors = calculator_kwargs.pop("errors", "raise")
-    accepted = inspect.signature(RootstockCalculator).parameters
-    unknown = sorted(k for k in calculator_kwargs if k not in accepted or k == "checkpoint")
-    if unknown:
-        raise UsageError(
-            f"rootstock.evaluate got unknown keyword(s) {', '.join(unknown)}",
-            hint="it takes properties=, errors= and RootstockCalculator's keywords: "
-            + ", ".join(k for k in accepted if k not in ("checkpoint", "device", "batch_size")),
-        )
-    with RootstockCalculator(
-        checkpoint, device=device, batch_size=batch_size, **calculator_kwargs
-    ) as calc:
-        return calc.calculate_batch(images, properties=properties, errors=errors)

@@ -1,0 +1,126 @@
+"""``rootstock.evaluate`` and ``rootstock.evaluate_iter``: many structures, one checkpoint.
+
+Without an executor they run :func:`~rootstock.runtime.batch.calculate_batch` in
+one calculator of this process. With a Parsl or Dask executor, chunks become
+engine tasks (:mod:`rootstock.parallel.dispatch`), each engine worker keeping one
+warm Rootstock worker. The engines are imported only for that; see
+docs/scale-out.md.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from rootstock.errors import UsageError
+from rootstock.parallel.dispatch import check_executor, scale_out
+from rootstock.runtime.batch import DEFAULT_PROPERTIES, plan_batch, stream_batch
+
+if TYPE_CHECKING:
+    from rootstock.runtime.batch import Outcome
+    from rootstock.runtime.calculator import RootstockCalculator
+
+#: How long ``evaluate`` with an executor waits for its first chunk before it asks
+#: the engine why nothing runs (a job still queued, or refused); see docs/scale-out.md.
+DEFAULT_START_TIMEOUT = 1800.0
+
+
+def _evaluation(
+    images: Iterable[Any],
+    checkpoint: str,
+    device: str,
+    executor: Any,
+    batch_size: int,
+    max_in_flight: int | None,
+    start_timeout: float | None,
+    calculator_kwargs: dict[str, Any],
+) -> Iterator[tuple[int, Outcome]]:
+    """The checked ``(index, result)`` stream behind :func:`evaluate` and
+    :func:`evaluate_iter`: in input order locally, as completed on an executor."""
+    from rootstock.runtime.calculator import RootstockCalculator
+
+    properties = calculator_kwargs.pop("properties", DEFAULT_PROPERTIES)
+    errors = calculator_kwargs.pop("errors", "raise")
+    accepted = inspect.signature(RootstockCalculator).parameters
+    unknown = sorted(k for k in calculator_kwargs if k not in accepted or k == "checkpoint")
+    if unknown:
+        raise UsageError(
+            f"rootstock.evaluate got unknown keyword(s) {', '.join(unknown)}",
+            hint="it takes properties=, errors=, max_in_flight=, start_timeout= and "
+            "RootstockCalculator's keywords: "
+            + ", ".join(k for k in accepted if k not in ("checkpoint", "device", "batch_size")),
+        )
+    if executor is not None:
+        check_executor(executor)
+    # Resolving the calculator checks the checkpoint (installed, fetched) before any
+    # engine starts or any job is submitted; no worker starts here.
+    calc = RootstockCalculator(
+        checkpoint, device=device, batch_size=batch_size, **calculator_kwargs
+    )
+    plan = plan_batch(calc, images, properties, errors=errors)
+    if executor is None:
+        return _closing(calc, stream_batch(calc, plan))
+    return scale_out(executor, calc, plan, max_in_flight, start_timeout)
+
+
+def _closing(
+    calc: RootstockCalculator, stream: Iterator[tuple[int, Outcome]]
+) -> Iterator[tuple[int, Outcome]]:
+    with calc:
+        yield from stream
+
+
+def evaluate(
+    images: Iterable[Any],
+    checkpoint: str,
+    device: str = "cpu",
+    executor: Any = None,
+    batch_size: int = 64,
+    max_in_flight: int | None = None,
+    start_timeout: float | None = DEFAULT_START_TIMEOUT,
+    **calculator_kwargs: Any,
+) -> list[Outcome]:
+    """Every structure's results with ``checkpoint``, as a list in input order.
+
+    ``executor=None`` evaluates in one calculator in this process, then closes it.
+    A Parsl ``Config`` or ``DataFlowKernel``, or a Dask ``distributed.Client``,
+    spreads chunks of ``batch_size`` structures over the engine's workers, each
+    holding one warm Rootstock worker (see docs/scale-out.md); ``max_in_flight``
+    bounds the chunks submitted at once (default: two per engine worker), and
+    ``start_timeout`` is how long to wait for the first chunk before the engine is
+    asked why nothing runs. ``properties=`` and ``errors=`` are those of
+    :func:`~rootstock.runtime.batch.calculate_batch`; every other keyword goes to
+    :class:`~rootstock.runtime.calculator.RootstockCalculator`.
+    """
+    stream = _evaluation(
+        images, checkpoint, device, executor, batch_size, max_in_flight, start_timeout,
+        calculator_kwargs,
+    )  # fmt: skip
+    if executor is None:
+        return [outcome for _, outcome in stream]
+    slots: dict[int, Outcome] = dict(stream)
+    return [slots[i] for i in range(len(slots))]
+
+
+def evaluate_iter(
+    images: Iterable[Any],
+    checkpoint: str,
+    device: str = "cpu",
+    executor: Any = None,
+    batch_size: int = 64,
+    max_in_flight: int | None = None,
+    start_timeout: float | None = DEFAULT_START_TIMEOUT,
+    **calculator_kwargs: Any,
+) -> Iterator[tuple[int, Outcome]]:
+    """Like :func:`evaluate`, but yields ``(index, result)`` as each chunk finishes.
+
+    Locally that is input order; on an executor it is completion order, and only
+    the chunks in flight are held, so an input of any length streams through. The
+    arguments and the checkpoint are checked on the call, before the first
+    ``next()``; closing the iterator early cancels the chunks still in flight.
+    """
+    return _evaluation(
+        images, checkpoint, device, executor, batch_size, max_in_flight, start_timeout,
+        calculator_kwargs,
+    )  # fmt: skip
