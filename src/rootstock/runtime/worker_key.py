@@ -5,8 +5,11 @@ across processes) only when everything the worker loaded from is the same: the
 install root and cache root, the env *generation* (``envs/<name>`` resolves to
 ``envs/.<name>.<build-id>``), the bytes of its ``env_source.py`` (a hotfix keeps
 the build id but changes what ``setup()`` does), the checkpoint, the device,
-``setup()``'s keywords and user weights. ``timeout`` is per call and is not part
-of the key.
+``setup()``'s keywords and user weights, and for a GPU device the accelerators
+this process may see (``CUDA_VISIBLE_DEVICES`` and its ROCm and oneAPI
+counterparts, which Parsl and the Dask plugin set per engine worker), so workers
+pinned to different GPUs never share. ``timeout`` is per call and is not part of
+the key.
 
 The key is computed again at every attach, so a rebuild or a hotfix gives a new
 key and a fresh worker; a worker already running for the old key finishes its
@@ -40,6 +43,7 @@ class WorkerKey:
     device: str
     setup_kwargs: str  # canonical JSON
     weights: str | None
+    visible_devices: str = ""  # the accelerator-visibility variables, for a GPU device
 
     @property
     def digest(self) -> str:
@@ -55,9 +59,23 @@ class WorkerKey:
                 self.device,
                 self.setup_kwargs,
                 self.weights,
+                self.visible_devices,
             ]
         )
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+#: The variables that choose which accelerators a process (and its worker) sees.
+VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
+
+
+def visible_devices(device: str) -> str:
+    """The accelerator-visibility variables set in this process, for a non-CPU device."""
+    if device == "cpu":
+        return ""
+    return ";".join(
+        f"{name}={os.environ[name]}" for name in VISIBILITY_VARIABLES if name in os.environ
+    )
 
 
 def worker_key(spec: WorkerSpec) -> WorkerKey:
@@ -83,4 +101,5 @@ def worker_key(spec: WorkerSpec) -> WorkerKey:
         device=spec.device,
         setup_kwargs=json.dumps(spec.setup_kwargs, sort_keys=True, allow_nan=True),
         weights=str(spec.weights) if spec.weights is not None else None,
+        visible_devices=visible_devices(spec.device),
     )
