@@ -34,6 +34,7 @@ from rootstock.parallel.warm import ChunkTask, run_chunk_task
 LABEL = "rootstock"
 _lock = threading.Lock()
 _loaded: tuple[Config, DataFlowKernel] | None = None
+_exit_hook: list[bool] = []  # non-empty once shutdown() is registered to run at exit
 
 
 def default_worker_init() -> str:
@@ -92,7 +93,8 @@ def parsl_slurm_config(
 
     ``gpus_per_node`` requests that many GPUs per job (``--gpus-per-node``) and
     runs one worker per GPU, pinned through ``available_accelerators``; without it,
-    ``workers_per_node`` CPU workers (default 1). ``worker_init`` runs in the job
+    ``workers_per_node`` CPU workers (default 1). A job that does not hold its node
+    (``exclusive=False``) asks for one CPU per worker. ``worker_init`` runs in the job
     before the workers start (default: activate this Python's venv). ``address``
     is the address the workers reach this process on (the interchange binds
     there; default: Parsl probes every interface). A chunk whose worker is lost
@@ -111,6 +113,9 @@ def parsl_slurm_config(
         max_blocks=nodes,
         gpus_per_node=gpus_per_node,
         exclusive=exclusive,
+        # A shared node gives the job one CPU unless asked: one per worker, so that
+        # SLURM's cgroup (and Parsl's PARSL_CORES) leave room for every worker.
+        cores_per_node=None if exclusive else (gpus_per_node or workers_per_node or 1),
         scheduler_options=scheduler_options,
         worker_init=default_worker_init() if worker_init is None else worker_init,
         launcher=SingleNodeLauncher(),
@@ -163,21 +168,27 @@ def load(executor: Config | DataFlowKernel) -> DataFlowKernel:
                 "rootstock.parallel.shutdown() before using another",
             )
         try:
-            parsl.dfk()
+            current = parsl.dfk()
         except NoDataFlowKernelError:
             pass
         else:
-            raise UsageError(
-                "a Parsl config is already loaded in this process (parsl.load), and "
-                "Parsl allows only one",
-                hint="pass executor=parsl.dfk() to run on it, or clean it up first "
-                "(parsl.dfk().cleanup(); parsl.clear())",
-            )
+            if current.cleanup_called:
+                # Cleaned up by its owner but never cleared: nothing runs on it.
+                parsl.clear()
+            else:
+                raise UsageError(
+                    "a Parsl config is already loaded in this process (parsl.load), and "
+                    "Parsl allows only one",
+                    hint="pass executor=parsl.dfk() to run on it, or clean it up first "
+                    "(parsl.dfk().cleanup(); parsl.clear())",
+                )
         dfk = parsl.load(executor)
         _loaded = (executor, dfk)
-        # Parsl's own exit hook only warns: without this, the interchange and the
-        # worker pools (and their warm workers) would outlive this process.
-        atexit.register(shutdown)
+        if not _exit_hook:
+            # Parsl's own exit hook only warns: without this, the interchange and the
+            # worker pools (and their warm workers) would outlive this process.
+            atexit.register(shutdown)
+            _exit_hook.append(True)
         return dfk
 
 
@@ -188,8 +199,10 @@ def shutdown() -> None:
     with _lock:
         loaded, _loaded = _loaded, None
     if loaded is not None and not loaded[1].cleanup_called:
-        loaded[1].cleanup()
-        parsl.clear()
+        try:
+            loaded[1].cleanup()
+        finally:
+            parsl.clear()
 
 
 class ParslEngine:
@@ -270,20 +283,54 @@ class ParslEngine:
         return None
 
     def startup_problem(self) -> str | None:
+        # Parsl marks an executor bad once all its blocks failed (a refused sbatch
+        # fails its block at once). Otherwise only blocks that all ended count: a
+        # job still queued or running is no problem, and Parsl may start another.
         problems = []
         for executor in self._executors():
             if executor.bad_state_is_set:
-                problems.append(str(executor.executor_exception))
+                problems.append(" ".join(str(executor.executor_exception).split()))
                 continue
-            for block, status in getattr(executor, "status_facade", {}).items():
-                if status.terminal and status.message:
-                    problems.append(f"block {block}: {status.state.name}: {status.message}")
+            blocks = dict(getattr(executor, "status_facade", {}))
+            if blocks and all(status.terminal for status in blocks.values()):
+                problems.extend(
+                    _describe(executor, block, status, output=True)
+                    for block, status in blocks.items()
+                )
         return "; ".join(problems) or None
 
     def queue_state(self) -> str | None:
         states = [
-            f"block {block}: {status}"
+            _describe(executor, block, status, output=False)
             for executor in self._executors()
-            for block, status in getattr(executor, "status_facade", {}).items()
+            for block, status in dict(getattr(executor, "status_facade", {})).items()
         ]
         return "; ".join(states) or None
+
+
+def _describe(executor: Any, block: str, status: Any, output: bool) -> str:
+    """``block 0 (job 123): PENDING (BeginTime)``: a block's state in the scheduler's
+    words; with ``output``, also the tail of the job's stderr (why it ended)."""
+    job = getattr(executor, "blocks_to_job_id", {}).get(block)
+    text = f"block {block}" + (f" (job {job})" if job else "") + f": {status.state.name}"
+    reason = _slurm_reason(executor.provider, job) if job else None
+    if reason:
+        text += f" ({reason})"
+    if status.message:
+        text += f": {' '.join(str(status.message).split())}"
+    if output and status.stderr_summary:
+        text += f"; the job's stderr ends: {status.stderr_summary.strip()[-500:]}"
+    return text
+
+
+def _slurm_reason(provider: Any, job: str) -> str | None:
+    """SLURM's reason for a queued job (``BeginTime``, ``Resources``...), which
+    Parsl's own status drops; None for other providers or a job squeue forgot."""
+    if not isinstance(provider, SlurmProvider):
+        return None
+    try:
+        code, out, _ = provider.execute_wait(f"squeue -h -j {shlex.quote(str(job))} -o %r", 10)
+    except Exception:  # the reason only decorates an error message: never fail for it
+        return None
+    reason = out.strip()
+    return reason if code == 0 and reason and reason != "None" else None
