@@ -142,18 +142,50 @@ def dask_slurm_client(
     cluster = SLURMCluster(**options)
     client = Client(cluster)
     ensure_plugin(client, RootstockPlugin(gpus_per_node))
-    cluster.scale(jobs=nodes)
     try:
-        # Submit now, so a refused sbatch is an error here and not a silent log line.
-        cluster.sync(cluster._correct_state)
+        _submit_jobs(cluster, nodes)
     except RuntimeError as exc:
+        _drop_unsubmitted(cluster)
         client.close()
         cluster.close()
         raise EngineError(
-            f"dask-jobqueue could not submit its SLURM job: {exc}",
+            f"dask-jobqueue could not submit its SLURM job: {_sbatch_message(exc)}",
             hint="check partition=, account=, walltime= and the directives in cluster.job_script()",
         ) from None
     return client
+
+
+def _submit_jobs(cluster: SLURMCluster, jobs: int) -> None:
+    """Submit ``jobs`` more jobs now and wait for sbatch's answer.
+
+    ``cluster.scale`` only schedules the submission on the cluster's event loop,
+    where a refused sbatch is logged and forgotten; adding the jobs' specs and
+    awaiting the cluster's own state correction here raises sbatch's failure.
+    """
+    for _ in range(jobs):
+        cluster.worker_spec.update(cluster.new_worker_spec())
+    cluster.sync(cluster._correct_state)
+
+
+def _drop_unsubmitted(cluster: SLURMCluster) -> None:
+    """Forget the jobs sbatch refused, so closing the cluster does not trip on them
+    (SpecCluster asserts, on close, that every job it created was started)."""
+    for job in list(cluster._created):
+        if getattr(job, "job_id", None) is None:
+            cluster._created.discard(job)
+    for name, job in list(cluster.workers.items()):
+        if getattr(job, "job_id", None) is None:
+            del cluster.workers[name]
+    for name in list(cluster.worker_spec):
+        if name not in cluster.workers:
+            del cluster.worker_spec[name]
+
+
+def _sbatch_message(exc: RuntimeError) -> str:
+    """sbatch's own words from dask-jobqueue's command failure (its stderr)."""
+    text = str(exc)
+    _, found, stderr = text.partition("stderr:")
+    return stderr.strip() if found and stderr.strip() else text.strip()
 
 
 def dask_local_client(
@@ -166,11 +198,25 @@ def dask_local_client(
         threads_per_worker=1,
         processes=True,
         host=address,
-        dashboard_address=None,
+        dashboard_address=f"{address}:0",  # its web server, on a free port of that host
     )
     client = Client(cluster)
     ensure_plugin(client, RootstockPlugin(gpus))
     return client
+
+
+def _killed_summary(exc: BaseException) -> str:
+    """What a KilledWorker says, read from its args: its ``__str__`` needs the
+    scheduler's WorkerState, which may not survive the trip to the client."""
+    args = exc.args
+    tries = args[2] + 1 if len(args) > 2 and isinstance(args[2], int) else None
+    last = getattr(args[1], "address", args[1]) if len(args) > 1 else None
+    if tries == 1:
+        text = "the worker that ran it"
+    else:
+        text = f"the {tries} workers that ran it" if tries else "every worker that ran it"
+    text += " died while running it"
+    return text + (f" (the last: {last})" if last else "")
 
 
 class DaskEngine:
@@ -195,7 +241,11 @@ class DaskEngine:
         return len(self.client.scheduler_info(n_workers=-1)["workers"])
 
     def capacity(self) -> int:
-        return self.workers()
+        """The workers the client's cluster plans (a queued job's too), else those
+        connected: a user's Client may have no cluster object."""
+        plan = getattr(getattr(self.client, "cluster", None), "plan", None)
+        planned = len(plan) if isinstance(plan, set) else 0
+        return max(planned, self.workers())
 
     def submit(self, task: ChunkTask) -> Any:
         return self.client.submit(
@@ -219,7 +269,7 @@ class DaskEngine:
             raise
         except distributed.KilledWorker as exc:
             raise EngineError(
-                f"Dask gave up on a chunk: every worker that ran it died ({exc})",
+                f"Dask gave up on chunk {future.key}: {_killed_summary(exc)}",
                 hint="raise distributed.scheduler.allowed-failures, or look for what "
                 "kills the workers (memory limits, the job's walltime)",
             ) from None
