@@ -245,6 +245,7 @@ def install_families(root: Path, names: list[str], torch_pin: dict[str, str]) ->
 BATCH_TEST_FAMILIES = {
     "test_batch_hooks": ("chgnet", "sevennet", "mace", "orb"),
     "test_neb_shared": ("chgnet",),
+    "test_scale_out_chgnet": ("chgnet",),
 }
 
 
