@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import distributed  # the [dask] extra, which the test extra installs: never skipped
 import numpy as np
 import pytest
 from ase.build import bulk
@@ -26,12 +27,9 @@ from ase.calculators.emt import EMT
 
 import rootstock
 from rootstock.errors import EngineError, WorkerError
+from rootstock.parallel import dask_local_client
+from rootstock.parallel.dask_engine import PLUGIN_NAME, _plugin_names
 from tests.integration.killing import is_running, live_descendants
-
-distributed = pytest.importorskip("distributed")
-
-from rootstock.parallel import dask_local_client  # noqa: E402  (needs the extra)
-from rootstock.parallel.dask_engine import PLUGIN_NAME, _plugin_names  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("runtime_isolation")
 # Whichever test runs first also waits for the session's root build (real uv, every

@@ -26,11 +26,8 @@ from ase.calculators.emt import EMT
 
 import rootstock
 from rootstock.errors import EngineError
+from rootstock.parallel import dask_slurm_client  # the [dask] extra: never skipped
 from tests.integration.conftest import TEST_ENVS, build_real_root
-
-pytest.importorskip("dask_jobqueue")
-
-from rootstock.parallel import dask_slurm_client
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("slurm")]
 # The first test also waits for the root build (real uv); jobs start in seconds on an
