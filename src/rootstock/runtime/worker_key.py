@@ -65,17 +65,17 @@ class WorkerKey:
         return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-#: The variables that choose which accelerators a process (and its worker) sees.
-VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
-
-
 def visible_devices(device: str) -> str:
-    """The accelerator-visibility variables set in this process, for a non-CPU device."""
+    """The accelerator-visibility variables set in this process, for a non-CPU device:
+    CUDA's, ROCm's and oneAPI's (each read by name, so the variable scan sees them)."""
     if device == "cpu":
         return ""
-    return ";".join(
-        f"{name}={os.environ[name]}" for name in VISIBILITY_VARIABLES if name in os.environ
+    found = (
+        ("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES")),
+        ("ROCR_VISIBLE_DEVICES", os.environ.get("ROCR_VISIBLE_DEVICES")),
+        ("ZE_AFFINITY_MASK", os.environ.get("ZE_AFFINITY_MASK")),
     )
+    return ";".join(f"{name}={value}" for name, value in found if value is not None)
 
 
 def worker_key(spec: WorkerSpec) -> WorkerKey:
