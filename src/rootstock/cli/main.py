@@ -23,6 +23,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "resolve": ("rootstock.cli.resolve_cmd", "resolve", "Show where a cluster's install lives."),
     "new-env": ("rootstock.cli.new_env_cmd", "new_env", "Write a template env file."),
     "serve": ("rootstock.cli.serve_cmd", "serve", "Serve a checkpoint to an i-PI driver."),
+    "lammps": (
+        "rootstock.cli.lammps_cmd",
+        "lammps",
+        "Run a LAMMPS input with a checkpoint as its forces.",
+    ),
     "add": ("rootstock.cli.add_cmd", "add", "Download and verify a checkpoint."),
     "benchmark": (
         "rootstock.cli.benchmark_cmd",
