@@ -246,6 +246,7 @@ BATCH_TEST_FAMILIES = {
     "test_batch_hooks": ("chgnet", "sevennet", "mace", "orb"),
     "test_neb_shared": ("chgnet",),
     "test_scale_out_chgnet": ("chgnet",),
+    "test_integrations_chgnet": ("chgnet",),
 }
 
 
