@@ -10,6 +10,7 @@ in teardown; the kill test also checks that no Rootstock worker outlives it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -198,9 +199,13 @@ def test_errors_rule_and_empty_input(pinned_client, fake_built_root: Path, tmp_p
     def scheduler_tasks(dask_scheduler: Any) -> tuple[int, int]:
         return len(dask_scheduler.tasks), dask_scheduler.transition_counter
 
-    deadline = time.monotonic() + 20
+    # The chunks above are released asynchronously, and the raised WorkerError's
+    # traceback keeps the dispatch frame (with its last futures) alive until a cyclic
+    # garbage collection: collect while waiting.
+    deadline = time.monotonic() + 60
     while client.run_on_scheduler(scheduler_tasks)[0] and time.monotonic() < deadline:
-        time.sleep(0.1)  # the chunks above are released asynchronously
+        gc.collect()
+        time.sleep(0.1)
     before = client.run_on_scheduler(scheduler_tasks)
     assert before[0] == 0
     kwargs["setup_kwargs"] = {"count_file": str(empty)}
