@@ -235,6 +235,7 @@ def test_report_since_and_json_shape(layout):
         "totals",
         "unfolded_records",
         "unreadable_records",
+        "rollup_entries_out_of_bounds",
     }
     assert [r["month"] for r in report["rows"]] == ["2026-11"]
     assert set(report["rows"][0]) == {

@@ -33,6 +33,12 @@ def report(
             f"{result['unreadable_records']} record(s) could not be read and were skipped "
             f"(`usage compact` deletes them once they are {TORN_RECORD_MAX_AGE_DAYS} days old)"
         )
+    if result["rollup_entries_out_of_bounds"]:
+        warn(
+            f"{result['rollup_entries_out_of_bounds']} rollup entr(ies) hold names or counts "
+            "the dashboard refuses: left out or capped here; `rootstock usage compact` "
+            "repairs the rollup files"
+        )
     if not result["rows"]:
         click.echo(f"no usage recorded in {result['spool']}")
         return
@@ -78,6 +84,9 @@ def compact(root: str | None, cluster: str | None, cache_root: str | None) -> No
             f"{result.torn_kept} unreadable record(s) skipped and kept (younger than "
             f"{TORN_RECORD_MAX_AGE_DAYS} days, or not yours to delete); they are never counted"
         )
+    for month, repairs in result.repaired.items():
+        for repair in repairs:
+            warn(f"repaired usage rollup {month}: {repair}")
     if result.undeletable:
         warn(
             f"{len(result.undeletable)} folded record(s) could not be deleted (run compact as "

@@ -44,6 +44,12 @@ SALT_NAME = ".salt"
 ROLLUPS_DIR = "rollups"
 RECORD_MODE = 0o644
 _SALT_BYTES = 32
+# What the dashboard stores (src/rootstock/dashboard/schemas.py: ``INT32`` for every
+# count, ``models.NAME`` for env and checkpoint names). The client cannot import the
+# dashboard (its packages are an extra), so the bounds are repeated here, once;
+# tests/unit/test_usage_bounds.py pins them to the dashboard's.
+COUNT_MAX = 2**31 - 1
+NAME_MAX = 200
 _TRUE = {"1", "true", "yes", "on"}
 
 
@@ -194,8 +200,9 @@ RECORD_MAX_BYTES = 64 * 1024
 # enough that a session still writing it, or a recent crash, can be inspected first.
 TORN_RECORD_MAX_AGE_DAYS = 7
 TORN_RECORD_MAX_AGE_S = TORN_RECORD_MAX_AGE_DAYS * 24 * 3600
-# The month must be safe to use in a rollup's file name, whoever wrote the record.
-_START = re.compile(r"^\d{4}-(0[1-9]|1[0-2])-\d{2}T")
+# The month must be safe to use in a rollup's file name, whoever wrote the record,
+# and be what the dashboard takes: ASCII digits only (``\d`` would take any script's).
+_START = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])-[0-9]{2}T")
 _REQUIRED_TEXT = ("env", "checkpoint", "user")
 
 
@@ -218,8 +225,10 @@ def is_record_name(name: str) -> bool:
 def parse_record(raw: bytes) -> dict[str, Any]:
     """One record's content, checked; raises :class:`ParseProblem` saying what is wrong.
 
-    Required: ``start`` (``YYYY-MM-DDT...``), non-empty strings ``env``,
-    ``checkpoint`` and ``user``, and ``force_calls`` a count or null when present.
+    Required: ``start`` (``YYYY-MM-DDT...``), ``env``, ``checkpoint`` and ``user``
+    (see :func:`name_problem`), and ``force_calls`` a count up to :data:`COUNT_MAX`
+    or null when present. Anything past the dashboard's bounds is refused here, so
+    no record can make ``usage push`` fail.
     """
     record = loads_json(raw)
     if not isinstance(record, dict):
@@ -228,47 +237,80 @@ def parse_record(raw: bytes) -> dict[str, Any]:
     if not isinstance(start, str) or not _START.match(start):
         raise ParseProblem("start is not a UTC time YYYY-MM-DDTHH:MM:SSZ")
     for key in _REQUIRED_TEXT:
-        if not isinstance(record.get(key), str) or not record[key]:
-            raise ParseProblem(f"{key} is not a non-empty string")
+        problem = name_problem(record.get(key))
+        if problem:
+            raise ParseProblem(f"{key} {problem}")
     calls = record.get("force_calls")
-    if calls is not None and (type(calls) is not int or calls < 0):
-        raise ParseProblem("force_calls is neither a count nor null")
+    if calls is not None and (type(calls) is not int or not 0 <= calls <= COUNT_MAX):
+        raise ParseProblem(f"force_calls is neither a count up to {COUNT_MAX} nor null")
     return record
 
 
-def read_record_file(path: Path) -> dict[str, Any]:
-    """Read and check one record; raises OSError or :class:`ParseProblem`.
+def name_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be an env, checkpoint or user in a record or rollup, or None.
 
-    Opened without following links and without blocking, and only if it is a
-    regular file: the spool is world-writable, so a name swapped for a FIFO or a
-    link between the listing and the read must not hang or mislead compact.
+    A name is a non-empty string of at most :data:`NAME_MAX` characters that every
+    dashboard database can store: no NUL, no unpaired surrogate (JSON's ``\\ud800``).
     """
+    if not isinstance(value, str) or not value:
+        return "is not a non-empty string"
+    if len(value) > NAME_MAX:
+        return f"is longer than {NAME_MAX} characters"
+    if "\0" in value:
+        return "holds a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "holds an unpaired surrogate"
+    return None
+
+
+def read_spool_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of the regular file ``path`` in the spool; raises OSError or ParseProblem.
+
+    Anyone may create anything in the spool, so the entry is looked at without
+    following it (``lstat``), then opened without following links and without
+    blocking (a FIFO would otherwise wait for a writer forever), checked again on
+    the open file (the name may have been swapped in between), and read up to
+    ``max_bytes``: a larger file is refused, not read to the end.
+    """
+    if not stat.S_ISREG(path.lstat().st_mode):
+        raise ParseProblem("not a regular file")
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ParseProblem("not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            raw = fh.read(RECORD_MAX_BYTES + 1)
+            raw = fh.read(max_bytes + 1)
     finally:
         os.close(fd)
-    if len(raw) > RECORD_MAX_BYTES:
-        raise ParseProblem(f"larger than {RECORD_MAX_BYTES} bytes")
-    return parse_record(raw)
+    if len(raw) > max_bytes:
+        raise ParseProblem(f"larger than {max_bytes} bytes")
+    return raw
+
+
+def read_record_file(path: Path) -> dict[str, Any]:
+    """Read and check one record; raises OSError or :class:`ParseProblem`."""
+    return parse_record(read_spool_file(path, RECORD_MAX_BYTES))
 
 
 def read_records(spool: Path) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """Raw records by file name, plus the names that could not be read or parsed.
 
-    A record being written right now may be unreadable; it is skipped here, and
-    :func:`expire_torn_records` removes it only once it is old.
+    Every entry named like a record counts: one that is not a regular file (a
+    FIFO, a symlink, a directory) is unreadable, as is one being written right
+    now. Unreadable records are skipped here, and :func:`expire_torn_records`
+    removes them only once they are old.
     """
     records: dict[str, dict[str, Any]] = {}
     unreadable: list[str] = []
     for entry in sorted(os.scandir(spool), key=lambda e: e.name):
-        if not is_record_name(entry.name) or not entry.is_file(follow_symlinks=False):
+        if not is_record_name(entry.name):
             continue
         try:
             records[entry.name] = read_record_file(Path(entry.path))
+        except FileNotFoundError:
+            continue  # deleted since the listing (a concurrent compact): not a record now
         except (OSError, ParseProblem):
             unreadable.append(entry.name)
     return records, unreadable
@@ -288,7 +330,9 @@ def expire_torn_records(spool: Path, names: list[str], now: float | None = None)
     A younger one is kept: its session may still be writing it (records are
     written in one call right after they are created, so that window is short), or
     its crash is recent enough to look at. One that cannot be deleted (another
-    user's, in a sticky spool) is kept too. ``now`` is a ``time.time()`` value.
+    user's, in a sticky spool) is kept too, and so is a directory. A FIFO or a
+    symlink is removed like a file (the link itself, never its target; its age is
+    the link's own). ``now`` is a ``time.time()`` value.
     """
     now = time.time() if now is None else now
     removed: list[str] = []
@@ -297,7 +341,7 @@ def expire_torn_records(spool: Path, names: list[str], now: float | None = None)
         path = spool / name
         try:
             info = path.lstat()
-            if not stat.S_ISREG(info.st_mode) or now - info.st_mtime <= TORN_RECORD_MAX_AGE_S:
+            if stat.S_ISDIR(info.st_mode) or now - info.st_mtime <= TORN_RECORD_MAX_AGE_S:
                 kept.append(name)
                 continue
             path.unlink()

@@ -33,6 +33,7 @@ from rootstock.install.manifest import (
     resolve_cluster,
     served_clusters,
 )
+from rootstock.install.usage import COUNT_MAX
 from rootstock.ops.http_client import (
     Deadline,
     HttpOutcome,
@@ -192,7 +193,11 @@ def live_source_hashes(layout: InstallLayout, manifest: Manifest) -> dict[str, s
 
 
 def usage_payload(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The body of ``POST .../usage``: aggregated counts only, never user hashes."""
+    """The body of ``POST .../usage``: aggregated counts only, never user hashes.
+
+    Each count is capped at :data:`~rootstock.install.usage.COUNT_MAX`, the most the
+    dashboard stores: a month's force calls, summed over many sessions, can pass it.
+    """
     return {
         "version": USAGE_PAYLOAD_VERSION,
         "counts": [
@@ -200,13 +205,19 @@ def usage_payload(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "month": row["month"],
                 "env": row["env"],
                 "checkpoint": row["checkpoint"],
-                "sessions": int(row["sessions"]),
-                "distinct_users": int(row["users"]),
-                "force_calls": int(row["force_calls"]),
+                "sessions": min(int(row["sessions"]), COUNT_MAX),
+                "distinct_users": min(int(row["users"]), COUNT_MAX),
+                "force_calls": min(int(row["force_calls"]), COUNT_MAX),
             }
             for row in rows
         ],
     }
+
+
+def usage_counts_capped(rows: list[dict[str, Any]]) -> int:
+    """How many counts of ``rows`` :func:`usage_payload` sends capped."""
+    keys = ("sessions", "users", "force_calls")
+    return sum(1 for row in rows for key in keys if int(row[key]) > COUNT_MAX)
 
 
 # --- pushing ------------------------------------------------------------------------------
@@ -279,7 +290,15 @@ def push_usage(
         headers=dashboard.headers(),
         policy=dashboard.policy,
     )
-    report.results.append(_interpret(machine, outcome, "usage"))
+    result = _interpret(machine, outcome, "usage")
+    capped = usage_counts_capped(rows)
+    if result.ok and capped:
+        sent = (result.response or {}).get("rows")
+        result.message = (
+            f"sent {sent} row(s) to {dashboard.url}; {capped} count(s) above {COUNT_MAX}, "
+            f"the most the dashboard stores, were sent as {COUNT_MAX}"
+        )
+    report.results.append(result)
     return report
 
 
@@ -325,6 +344,12 @@ def _interpret(cluster: str, outcome: HttpOutcome, what: str) -> ClusterPush:
         result.hint = (
             f"this rootstock writes manifest schema {MANIFEST_VERSION}; "
             "the dashboard may be older than the client: upgrade it"
+            if what == "manifest"
+            # Counts and names are bounded when read from the spool, so a refusal means
+            # a rollup from before the bounds, or a dashboard with other bounds.
+            else "run `rootstock usage compact` (it repairs rollups holding names or counts "
+            "the dashboard refuses) and push again; if it is still refused, the dashboard "
+            "may be older than the client: upgrade it"
         )
     elif status == 404 and detail and "cluster" in detail:
         # The dashboard itself answered: the key is scoped to a cluster it no longer has.

@@ -14,8 +14,13 @@ rewritten as schema 2 by the next compact.
 
 from __future__ import annotations
 
+import contextlib
+import grp
 import hashlib
+import os
+import pwd
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +32,22 @@ from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
 from rootstock.install.parsing import ParseProblem, loads_json
 from rootstock.install.usage import (
+    COUNT_MAX,
     ROLLUPS_DIR,
     expire_torn_records,
     is_record_name,
+    name_problem,
     read_records,
+    read_spool_file,
     record_month,
 )
 
 ROLLUP_VERSION = 2
 REPORT_VERSION = 1
-_MONTH = re.compile(r"^\d{4}-(0[1-9]|1[0-2])$")
+_MONTH = re.compile(r"^[0-9]{4}-(0[1-9]|1[0-2])$")  # ASCII digits: the dashboard's month
+# Far above a real rollup (a few KB; about 35 bytes a distinct user); rollups/ is
+# checked to be a maintainer's, so this only keeps a mistake from being read whole.
+ROLLUP_MAX_BYTES = 64 * 2**20
 
 Key = tuple[str, str, str]  # (month, env, checkpoint)
 
@@ -114,6 +125,9 @@ class Rollup:
     folded_digest: int = 0
     pending: set[str] = field(default_factory=set)
     migrated: bool = False  # read from an older schema: compact rewrites it
+    # Entries the dashboard would refuse, dropped or capped on reading (what was done,
+    # one line each): written before records were bounded; compact rewrites the file.
+    repairs: list[str] = field(default_factory=list)
 
     def fold(self, name: str, record: dict[str, Any]) -> bool:
         """Fold one record in; False (and no change) when it is pending already."""
@@ -167,6 +181,7 @@ class Rollup:
         if not _MONTH.match(month):
             check.fail("month", f"{month!r} is not a month YYYY-MM")
         rollup = cls(month=month)
+        dropped = 0
         for i, group in enumerate(check.of(data.get("groups"), list, "groups")):
             at = f"groups[{i}]"
             group = check.of(group, dict, at)
@@ -176,11 +191,15 @@ class Rollup:
             users = check.of(group.get("users"), list, f"{at}.users")
             for j, user in enumerate(users):
                 check.of(user, str, f"{at}.users[{j}]")
-            rollup.groups[key] = Tally(
+            tally = Tally(
                 check.count(group, "sessions", at),
                 check.count(group, "force_calls", at),
                 set(users),
             )
+            if rollup.bound(at, key, tally):
+                rollup.groups[key] = tally
+            else:
+                dropped += tally.sessions
         if version == 1:
             # Schema 1 named every folded record; every one may still be on disk.
             names = check.names(data, "folded")
@@ -193,13 +212,45 @@ class Rollup:
                 check.fail("folded_digest", "is not 64 lower-case hex digits")
             rollup.folded_digest = int(digest, 16)
             rollup.pending = check.names(data, "pending")
-        sessions = sum(t.sessions for t in rollup.groups.values())
+        sessions = sum(t.sessions for t in rollup.groups.values()) + dropped
         if sessions != rollup.folded_count:
             check.fail(
                 "groups",
                 f"hold {sessions} session(s) but {rollup.folded_count} record(s) were folded",
             )
+        # The sessions of a dropped entry are no longer counted anywhere; the digest
+        # still covers their names, so they are never folded again.
+        rollup.folded_count -= dropped
         return rollup
+
+    def bound(self, at: str, key: tuple[str, str], tally: Tally) -> bool:
+        """Keep ``tally`` within what records can sum to; False to drop it (noted in repairs).
+
+        A name the dashboard refuses drops the entry; force calls above
+        :data:`COUNT_MAX` a session are capped at that.
+        """
+        for field_name, name in zip(("env", "checkpoint"), key, strict=True):
+            problem = name_problem(name)
+            if problem:
+                self.repairs.append(
+                    f"{at}: dropped {tally.sessions} session(s) whose {field_name} "
+                    f"{_excerpt(name)} {problem}"
+                )
+                return False
+        most = tally.sessions * COUNT_MAX
+        if tally.force_calls > most:
+            self.repairs.append(
+                f"{at} (env {_excerpt(key[0])}, checkpoint {_excerpt(key[1])}): capped "
+                f"{tally.force_calls} force calls at {most} ({COUNT_MAX} a session)"
+            )
+            tally.force_calls = most
+        return True
+
+
+def _excerpt(text: str, length: int = 40) -> str:
+    """``text`` for a message: quoted and cut short (``repr`` escapes what is unprintable)."""
+    more = len(text) - length
+    return repr(text[:length]) + (f" (+{more} characters)" if more > 0 else "")
 
 
 class _Checker:
@@ -261,16 +312,20 @@ def rollup_path(spool: Path, month: str) -> Path:
 
 
 def load_rollups(spool: Path) -> dict[str, Rollup]:
-    """Every monthly rollup in the spool, by month; any bad one raises UsageRollupError."""
+    """Every monthly rollup in the spool, by month; any bad one raises UsageRollupError.
+
+    Each file is read as the spool's records are (no links followed, no FIFO waited
+    on), from a ``rollups/`` that :func:`check_rollups_dir` trusts.
+    """
     directory = spool / ROLLUPS_DIR
-    if not directory.is_dir():
+    if not check_rollups_dir(spool):
         return {}
     rollups = {}
     for path in sorted(directory.glob("*.json")):
         if path.name.startswith(".") or not _MONTH.match(path.stem):
             continue
         try:
-            data = loads_json(path.read_bytes())
+            data = loads_json(read_spool_file(path, ROLLUP_MAX_BYTES))
         except (OSError, ParseProblem) as exc:
             raise UsageRollupError(
                 f"usage rollup {path} is unreadable ({exc})",
@@ -284,6 +339,47 @@ def load_rollups(spool: Path) -> dict[str, Rollup]:
             )
         rollups[path.stem] = rollup
     return rollups
+
+
+def check_rollups_dir(spool: Path) -> bool:
+    """True when ``{spool}/rollups`` is a directory a maintainer made; False when absent.
+
+    The spool is world-writable, so anyone could create ``rollups/`` before the
+    first compact and fill it with rollups that block every report and push, or
+    that name real records as folded. It is trusted only when it is a real
+    directory (not a link) owned by root, by this account, by the spool's owner, or
+    by a member of the spool's group (the maintainers, after ``setup-perms``);
+    anything else raises :class:`UsageRollupError`.
+    """
+    directory = spool / ROLLUPS_DIR
+    try:
+        info = directory.lstat()
+    except FileNotFoundError:
+        return False
+    fix = f"remove {directory} (as its owner, or root); `rootstock usage compact` recreates it"
+    if not stat.S_ISDIR(info.st_mode):
+        raise UsageRollupError(f"{directory} is not a directory (a link or a file)", hint=fix)
+    spool_info = spool.stat()
+    if info.st_uid not in (0, os.geteuid(), spool_info.st_uid) and not _in_group(
+        info.st_uid, spool_info.st_gid
+    ):
+        raise UsageRollupError(
+            f"{directory} is owned by uid {info.st_uid}, who is not a maintainer of this "
+            "spool (its owner or a member of its group): anyone may write into the spool, "
+            "so rollups from elsewhere are never read",
+            hint=fix,
+        )
+    return True
+
+
+def _in_group(uid: int, gid: int) -> bool:
+    """Whether account ``uid`` is in group ``gid`` (its primary group, or listed)."""
+    try:
+        account = pwd.getpwuid(uid)
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return account.pw_gid == gid or account.pw_name in group.gr_mem
 
 
 # --- operations -------------------------------------------------------------------------
@@ -350,6 +446,7 @@ def usage_report(layout: InstallLayout, since: str | None = None) -> dict[str, A
         },
         "unfolded_records": sum(1 for name in records if name not in folded),
         "unreadable_records": len(unreadable),
+        "rollup_entries_out_of_bounds": sum(len(r.repairs) for r in rollups.values()),
     }
 
 
@@ -364,6 +461,8 @@ class CompactResult:
 
     ``torn_removed`` and ``torn_kept`` count the unreadable records deleted for
     being over 7 days old and those kept (younger, or not ours to delete).
+    ``repaired`` says, by month, what was dropped from or capped in a rollup that
+    held entries the dashboard refuses (:meth:`Rollup.bound`).
     """
 
     folded: int
@@ -372,6 +471,7 @@ class CompactResult:
     months: list[str]
     torn_removed: int = 0
     torn_kept: int = 0
+    repaired: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _delete_record(path: Path) -> None:
@@ -395,7 +495,10 @@ def compact(layout: InstallLayout, lock_timeout: float | None = 60.0) -> Compact
     A bad rollup raises :class:`UsageRollupError` before anything is written.
     """
     spool = spool_of(layout)
-    (spool / ROLLUPS_DIR).mkdir(mode=0o755, exist_ok=True)
+    if not check_rollups_dir(spool):
+        with contextlib.suppress(FileExistsError):  # made since: checked next
+            (spool / ROLLUPS_DIR).mkdir(mode=0o755)
+        check_rollups_dir(spool)
     with FileLock(spool / ROLLUPS_DIR / ".compact.lock", timeout=lock_timeout, what="compact"):
         rollups = load_rollups(spool)
         records, unreadable = read_records(spool)
@@ -412,7 +515,7 @@ def compact(layout: InstallLayout, lock_timeout: float | None = 60.0) -> Compact
         for month in sorted(changed):
             _write_rollup(spool, rollups[month])
         deleted, undeletable = 0, []
-        settled = {month for month, rollup in rollups.items() if rollup.migrated}
+        settled = {m for m, rollup in rollups.items() if rollup.migrated or rollup.repairs}
         for month, rollup in sorted(rollups.items()):
             still: set[str] = set()
             for name in sorted(rollup.pending):
@@ -432,8 +535,9 @@ def compact(layout: InstallLayout, lock_timeout: float | None = 60.0) -> Compact
         for month in sorted(settled):
             _write_rollup(spool, rollups[month])
         torn = expire_torn_records(spool, unreadable)
+    repaired = {month: r.repairs for month, r in sorted(rollups.items()) if r.repairs}
     return CompactResult(
-        folded, deleted, undeletable, sorted(changed), len(torn.removed), len(torn.kept)
+        folded, deleted, undeletable, sorted(changed), len(torn.removed), len(torn.kept), repaired
     )
 
 
