@@ -10,11 +10,16 @@ within its job, before any Rootstock worker starts.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
+from concurrent.futures import CancelledError
 from typing import Any
 
 import distributed
@@ -25,6 +30,12 @@ from rootstock.errors import EngineError, RootstockError, UsageError
 from rootstock.parallel.warm import ChunkTask, WarmCache, run_chunk_task
 
 PLUGIN_NAME = "rootstock"
+#: How long a failed client call waits for the client's or cluster's status to say
+#: "closing": a close from another thread cancels our futures a moment before.
+CLOSE_GRACE_S = 2.0
+_CLOSED = ("closing", "closed", "failed")
+
+log = logging.getLogger("rootstock.parallel")
 
 
 def worker_slot(name: Any, per_job: int) -> int:
@@ -220,7 +231,13 @@ def _killed_summary(exc: BaseException) -> str:
 
 
 class DaskEngine:
-    """The dispatch loop's view of a distributed.Client."""
+    """The dispatch loop's view of a distributed.Client.
+
+    A client or cluster closed while the loop runs (by the user's code, from
+    another thread) surfaces as an :class:`EngineError` saying so, whatever Dask
+    raised (``ClosedClientError``, ``CancelledError``, an empty scheduler info),
+    and :meth:`cancel` never raises over it.
+    """
 
     name = "Dask"
 
@@ -237,8 +254,58 @@ class DaskEngine:
         ensure_plugin(client)
         return cls(client)
 
+    def closed(self) -> str | None:
+        """``"cluster"`` or ``"client"`` once either is closing or closed, else None."""
+        cluster = getattr(self.client, "cluster", None)
+        status = getattr(getattr(cluster, "status", None), "name", None)
+        if status in _CLOSED:
+            return "cluster"
+        if str(self.client.status) in _CLOSED:
+            return "client"
+        return None
+
+    def _closed_error(self, what: str) -> EngineError:
+        return EngineError(
+            f"the Dask {what} was closed during the run; the structures not yet "
+            "returned were not computed",
+            hint="close the Dask client and its cluster only after rootstock.evaluate "
+            "returns (or after the evaluate_iter iterator is exhausted or closed)",
+        )
+
+    def _check_open(self) -> None:
+        what = self.closed()
+        if what is not None:
+            raise self._closed_error(what)
+
+    @contextlib.contextmanager
+    def _dask_call(self, doing: str) -> Iterator[None]:
+        """Dask's failures inside the block as EngineError (see :meth:`_failure`)."""
+        try:
+            yield
+        except RootstockError:
+            raise
+        except Exception as exc:
+            raise self._failure(exc, doing) from None
+
+    def _failure(self, exc: Exception, doing: str) -> EngineError:
+        """The EngineError for Dask's ``exc``: the close, if the client or cluster is
+        closing (waiting a moment for its status to say so), else Dask's own words."""
+        deadline = time.monotonic() + CLOSE_GRACE_S
+        while (what := self.closed()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if what is not None:
+            return self._closed_error(what)
+        return EngineError(
+            f"the Dask client failed while {doing}: {type(exc).__name__}: {exc}",
+            hint="check that the Dask scheduler is still running (client.status, "
+            "the scheduler's log); a client.cancel() or client.restart() elsewhere "
+            "cancels rootstock's chunks too",
+        )
+
     def workers(self) -> int:
-        return len(self.client.scheduler_info(n_workers=-1)["workers"])
+        self._check_open()
+        with self._dask_call("asking for its workers"):
+            return len(self.client.scheduler_info(n_workers=-1)["workers"])
 
     def capacity(self) -> int:
         """The workers the client's cluster plans (a queued job's too), else those
@@ -248,18 +315,22 @@ class DaskEngine:
         return max(planned, self.workers())
 
     def submit(self, task: ChunkTask) -> Any:
-        return self.client.submit(
-            run_on_dask_worker,
-            task,
-            pure=False,
-            key=f"rootstock-chunk-{task.first}-{uuid.uuid4().hex}",
-        )
+        self._check_open()
+        with self._dask_call("submitting a chunk"):
+            return self.client.submit(
+                run_on_dask_worker,
+                task,
+                pure=False,
+                key=f"rootstock-chunk-{task.first}-{uuid.uuid4().hex}",
+            )
 
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
-        try:
-            done, _ = distributed.wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")
-        except TimeoutError:
-            return []
+        self._check_open()
+        with self._dask_call("waiting for chunks"):
+            try:
+                done, _ = distributed.wait(futures, timeout=timeout, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                return []
         return list(done)
 
     def result(self, future: Any) -> Any:
@@ -274,13 +345,27 @@ class DaskEngine:
                 "kills the workers (memory limits, the job's walltime)",
             ) from None
         except Exception as exc:
+            if isinstance(exc, CancelledError) or self.closed() is not None:
+                # Cancelled by the scheduler, not failed on a worker: most likely the
+                # client or its cluster is going away.
+                raise self._failure(exc, f"fetching chunk {future.key}") from None
             raise EngineError(
                 f"a Dask task failed: {type(exc).__name__}: {exc}",
                 hint="look in the workers' logs",
             ) from None
 
     def cancel(self, futures: list[Any]) -> None:
-        self.client.cancel(futures)
+        """Cancel the chunks in flight; never raises (it runs while an error unwinds).
+
+        A closed client has nothing left to cancel: the scheduler drops the tasks
+        of a client that went away.
+        """
+        if self.closed() is not None:
+            return
+        try:
+            self.client.cancel(futures)
+        except Exception as exc:
+            log.warning("could not cancel %d Dask chunk(s): %s", len(futures), exc)
 
     def _slurm_jobs(self) -> list[str]:
         cluster = getattr(self.client, "cluster", None)

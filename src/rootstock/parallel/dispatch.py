@@ -10,6 +10,7 @@ fetch and explain why nothing runs.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,6 +27,7 @@ SUPPORTED = (
     "a loaded Parsl DataFlowKernel, or a Dask distributed.Client "
     "(e.g. rootstock.parallel.dask_slurm_client(...))"
 )
+log = logging.getLogger("rootstock.parallel")
 #: How often the loop wakes while nothing finishes, to ask the engine about its workers.
 POLL_SECONDS = 1.0
 
@@ -191,7 +193,16 @@ def _run(
                     yield index, outcome
     finally:
         if pending:
-            engine.cancel(list(pending))
+            _cancel_quietly(engine, list(pending))
+
+
+def _cancel_quietly(engine: Engine, futures: list[Any]) -> None:
+    """Cancel what is in flight without ever raising: this runs while the real error
+    (or the iterator's close) unwinds, and a failed cancel must not replace it."""
+    try:
+        engine.cancel(futures)
+    except Exception as exc:
+        log.warning("could not cancel %d %s chunk(s): %s", len(futures), engine.name, exc)
 
 
 def _check_start(engine: Engine, started: float, start_timeout: float | None) -> None:
