@@ -11,13 +11,17 @@ calculation, so one warm worker can return a bad result and then a good one.
 - ``charges``: ``object`` (cannot be serialised), ``nan``;
 - ``free_energy``: ``string``.
 
-``setup_error`` makes ``setup()`` raise ValueError with that text. Two more stand
+``setup_error`` makes ``setup()`` raise ValueError with that text. More stand
 for crashes: ``segfault_in_setup`` (a real SIGSEGV inside
-``setup()``) and ``exit_leaving_thread`` in ``atoms.info["malformed"]`` (the model
-calls ``sys.exit`` while a non-daemon thread it started keeps the process alive
-after the worker closed its socket). ``sleep`` (seconds, in ``atoms.info["malformed"]``)
-stalls one calculation. ``own_plumbing`` makes the calculator replace ASE's
-``get_forces`` so the worker takes its public-API path.
+``setup()``), ``exit_in_setup`` (``os._exit`` with that code inside ``setup()``,
+after a line on stderr) and ``exit_leaving_thread`` in ``atoms.info["malformed"]``
+(the model calls ``sys.exit`` while a non-daemon thread it started keeps the
+process alive after the worker closed its socket). ``rogue_reply`` in
+``atoms.info["malformed"]`` stands for a model that corrupts the worker's socket:
+it writes a ``FORCEREADY`` declaring 2**24 atoms there itself, then stalls.
+``sleep`` (seconds, in ``atoms.info["malformed"]``) stalls one calculation.
+``own_plumbing`` makes the calculator replace ASE's ``get_forces`` so the worker
+takes its public-API path.
 """
 
 # /// script
@@ -68,6 +72,7 @@ def setup(
     segfault_in_setup=False,
     own_plumbing=False,
     setup_error=None,
+    exit_in_setup=None,
     **kw,
 ):
     """EMT with the properties named in ``kw`` (or in atoms.info) broken as asked."""
@@ -80,6 +85,11 @@ def setup(
 
     if setup_error:
         raise ValueError(setup_error)
+    if exit_in_setup is not None:
+        import os
+
+        print("malformed-results: exiting inside setup()", file=sys.stderr, flush=True)
+        os._exit(int(exit_in_setup))
     if segfault_in_setup:
         import ctypes
 
@@ -93,6 +103,9 @@ def setup(
             super().calculate(atoms, list(properties), system_changes)
             asked = {**defaults, **(self.atoms.info.get("malformed") or {})}
             time.sleep(asked.pop("sleep", 0))  # a stalled model, for a kill mid-call
+            if asked.pop("rogue_reply", False):
+                write_rogue_reply()
+                time.sleep(600)
             if asked.pop("exit_leaving_thread", False):
                 threading.Thread(target=time.sleep, args=(600,)).start()
                 sys.exit(4)
@@ -106,3 +119,28 @@ def setup(
             return self.get_property("forces", atoms)
 
     return OwnPlumbingEMT() if own_plumbing else BrokenEMT()
+
+
+def write_rogue_reply():
+    """Write a FORCEREADY header declaring 2**24 atoms on the worker's connected socket."""
+    import os
+    import socket
+    import stat
+    import struct
+
+    frame = b"FORCEREADY".ljust(12) + struct.pack("=di", 0.0, 1 << 24)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if sock.family == socket.AF_UNIX and sock.getpeername():
+                sock.sendall(frame)
+        except OSError:
+            pass
+        finally:
+            sock.close()

@@ -16,11 +16,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from rootstock.install.layout import write_layout
+from rootstock.ops.workers import stop_workers
+from rootstock.runtime.pool_dir import read_states
 from tests.conftest import copy_env, make_root, run_rootstock
 
 REPO = Path(__file__).resolve().parents[2]
@@ -129,6 +132,28 @@ def runtime_isolation(monkeypatch, tmp_path_factory, fake_built_root: Path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "user-cache"))
     monkeypatch.delenv("ROOTSTOCK_WORKER_LOG", raising=False)
     monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
+
+
+@pytest.fixture
+def pool_dir(monkeypatch):
+    """A private runtime dir (short, so socket paths fit); every daemon in it is stopped."""
+    runtime = Path(tempfile.mkdtemp(prefix="rs-pool-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.delenv("ROOTSTOCK_POOL", raising=False)
+    pids: set[int] = set()
+
+    def remember() -> None:
+        for state in read_states(runtime / "rootstock"):
+            pids.update(p for p in (state["daemon"]["pid"], state.get("worker_pid")) if p)
+
+    yield runtime / "rootstock", remember
+    remember()
+    with contextlib.suppress(Exception):
+        stop_workers([], all_workers=True)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(runtime, ignore_errors=True)
 
 
 @contextlib.contextmanager

@@ -8,30 +8,26 @@ started (``workers stop --all``, then SIGKILL by pid for anything left).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from ase.build import bulk
 from ase.calculators.emt import EMT
 
-from rootstock import RootstockCalculator
 from rootstock.errors import RootstockError, WorkerDiedError, WorkerError
 from rootstock.install.layout import resolve_layout
-from rootstock.ops.workers import list_workers, stop_workers
-from rootstock.runtime.pool_dir import read_states
+from rootstock.ops.workers import list_workers
 from tests.conftest import run_rootstock
 from tests.integration.killing import is_running
+from tests.integration.pooling import al, cu, emt_energy, pooled, wait_for
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(180)]
 
@@ -51,50 +47,6 @@ WORKER_FIELDS = {
     "socket",
     "log",
 }
-
-
-@pytest.fixture
-def pool_dir(monkeypatch):
-    """A private runtime dir (short, so socket paths fit); every daemon in it is stopped."""
-    runtime = Path(tempfile.mkdtemp(prefix="rs-pool-", dir="/tmp"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
-    monkeypatch.delenv("ROOTSTOCK_POOL", raising=False)
-    pids: set[int] = set()
-
-    def remember() -> None:
-        for state in read_states(runtime / "rootstock"):
-            pids.update(p for p in (state["daemon"]["pid"], state.get("worker_pid")) if p)
-
-    yield runtime / "rootstock", remember
-    remember()
-    with contextlib.suppress(Exception):
-        stop_workers([], all_workers=True)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    shutil.rmtree(runtime, ignore_errors=True)
-
-
-def cu(seed: int = 0):
-    atoms = bulk("Cu", "fcc", a=3.6, cubic=True)
-    atoms.rattle(0.05, seed=seed)
-    return atoms
-
-
-def al(seed: int = 1):
-    atoms = bulk("Al", "fcc", a=4.05, cubic=True).repeat((2, 1, 1))
-    atoms.rattle(0.05, seed=seed)
-    return atoms
-
-
-def emt_energy(atoms) -> float:
-    ref = atoms.copy()
-    ref.calc = EMT()
-    return ref.get_potential_energy()
-
-
-def pooled(root: Path, checkpoint: str = "emt", **kwargs) -> RootstockCalculator:
-    return RootstockCalculator(checkpoint, root=root, device="cpu", pool=True, **kwargs)
 
 
 CLIENT = textwrap.dedent(
@@ -124,14 +76,6 @@ def client_process(root: Path, checkpoint: str = "emt", sleep: float = 0.0) -> s
         text=True,
         start_new_session=True,
     )
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_pooled_worker_outlives_its_calculator_and_serves_another_process(

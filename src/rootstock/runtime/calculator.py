@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
@@ -189,6 +190,7 @@ class RootstockCalculator(Calculator):
             weights=str(spec.weights) if spec.weights else None,
         )
         self._hold = shared.Holder()
+        self._call_lock = threading.RLock()
         self._info_json = "{}"
         # Once stress was asked for, keep computing it (3-D periodic cells only), so a
         # cell filter's get_forces() + get_stress() pair costs one round trip.
@@ -288,12 +290,13 @@ class RootstockCalculator(Calculator):
     def __getstate__(self) -> dict[str, Any]:
         """Everything but the hold on a worker: a copy shares it, or starts its own."""
         state = self.__dict__.copy()
-        del state["_hold"]
+        del state["_hold"], state["_call_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._hold = shared.Holder()
+        self._call_lock = threading.RLock()
 
     def __enter__(self) -> RootstockCalculator:
         return self
@@ -305,7 +308,15 @@ class RootstockCalculator(Calculator):
 
     def get_property(self, name: str, atoms: Any = None, allow_calculation: bool = True) -> Any:
         """ASE's get_property, except that an extra the model may fill is not refused
-        before this instance knows what its model computes."""
+        before this instance knows what its model computes.
+
+        One thread at a time: ASE keeps the last structure and its results on the
+        calculator, so threads sharing one calculator would read each other's.
+        """
+        with self._call_lock:
+            return self._get_property(name, atoms, allow_calculation)
+
+    def _get_property(self, name: str, atoms: Any, allow_calculation: bool) -> Any:
         if (
             name in EXTRA_PROPERTIES
             and self._model_extras is None

@@ -8,11 +8,22 @@ lifeline, so a killed daemon takes its worker along), checks that ``setup()``
 worked, then binds ``<digest>.sock`` (0600) and relays.
 
 Each client speaks the worker protocol. The daemon keeps every client's last
-``INIT``, and under one worker lock sends it ahead of that client's
-``POSDATA``+``GETFORCE`` when the worker's current system is someone else's; the
-reply goes back byte for byte. ``BATCH`` frames go through whole and leave the
-worker's system as it was. ``STATUS`` is answered here (``READY``) and ``EXIT``
-means that client leaves.
+``INIT``, and under one worker lock decides whether the worker's current system is
+someone else's and, if so, sends that client's ``INIT`` ahead of its
+``POSDATA``+``GETFORCE`` (deciding outside the lock would let another client's
+system slip in between); the reply goes back byte for byte. ``BATCH`` frames go
+through whole and leave the worker's system as it was. ``STATUS`` is answered here
+(``READY``), ``RSDEADLINE`` sets the caller's timeout for its next request, and
+``EXIT`` means that client leaves.
+
+What a client sends is checked before the shared worker sees it: an ``INIT`` that
+is not the dialect's JSON, or a ``BATCH`` whose body does not decode, is answered
+with an ``ERROR`` to that client alone. What the worker answers is checked against
+the request (the atom count, a size bound) and read under the caller's deadline.
+A worker that breaks the protocol, overruns a caller's deadline or dies is
+stopped; the clients waiting for it get an ``ERROR`` of phase ``pool`` that says
+why (with the worker's own exit status and output where it died), and the daemon
+exits.
 
 The daemon exits when its idle timeout passes with no client, when it is told to
 stop (SIGTERM), when the worker dies (every client then sees its connection
@@ -25,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -33,12 +45,13 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rootstock.errors import ProtocolError, RootstockError
+from rootstock.errors import ProtocolError, RootstockError, WorkerDiedError, WorkerError
 from rootstock.runtime.pool_dir import (
     STATE_SCHEMA,
     PoolFiles,
@@ -49,8 +62,15 @@ from rootstock.runtime.pool_dir import (
 )
 from rootstock.runtime.pool_relay import (
     BATCH,
+    DEADLINE,
+    RELAY_VERSION,
     RawFrame,
+    ReplyBound,
+    batch_problem,
+    deadline_seconds,
     error_payload,
+    init_problem,
+    posdata_natoms,
     read_client_frame,
     read_worker_reply,
 )
@@ -64,6 +84,7 @@ from rootstock.runtime.protocol import (
     READY,
     STATUS,
     FrameStream,
+    FrameTimeout,
     PeerClosed,
     encode_error,
     encode_posdata,
@@ -81,7 +102,24 @@ STALE_CHECK_S = 2.0
 TICK_S = 0.2
 # How long a stop waits for a call in flight before the worker is killed.
 STOP_GRACE_S = 5.0
+# How long shutdown waits for clients in a call to receive the failure that ended it.
+ANSWER_GRACE_S = 5.0
 EXIT_SETUP_FAILED = 3
+# The first line each daemon writes to the key's log: a client reading the log's
+# tail for a failure starts there, so earlier daemons' lines never show up.
+START_MARK = "pool daemon starting"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why the daemon gave up its worker, as the ERROR its waiting clients get."""
+
+    type: str
+    message: str
+    details: dict[str, Any]
+
+    def frame(self) -> bytes:
+        return encode_error(self.type, self.message, "", "pool", **self.details)
 
 
 class PoolClient:
@@ -93,7 +131,9 @@ class PoolClient:
         self.stream = FrameStream(conn, peer=f"pool client {ident}")
         self.init: bytes | None = None
         self.init_pending = False  # an INIT the worker has not seen yet
+        self.refused_init: str | None = None  # why the last INIT was not accepted
         self.posdata: bytes | None = None
+        self.timeout: float | None = None  # the caller's, from its RSDEADLINE
 
     def hang_up(self) -> None:
         """Wake this client's reader thread and close the connection."""
@@ -121,12 +161,16 @@ class PoolDaemon:
         self._clients_lock = threading.Lock()
         self.clients: dict[int, PoolClient] = {}
         self._next_ident = 1
-        self._system_of: int | None = None  # the client whose INIT the worker holds
+        # The client whose INIT the worker holds; read and written under worker_lock.
+        self._system_of: int | None = None
         self._listener: socket.socket | None = None
         self._socket_unlinked = False
+        self._retire = threading.Event()  # set by any thread; the main loop closes the listener
         self.stale = False
         self.stop_requested = threading.Event()
         self.worker_failed = threading.Event()
+        self.failure: Failure | None = None  # set before worker_failed, under worker_lock
+        self._in_call = 0  # clients between a request and its answer (under _clients_lock)
         self.started = utc_now()
 
     # --- start-up -------------------------------------------------------------------
@@ -151,7 +195,7 @@ class PoolDaemon:
         # A worker whose setup() failed reports the failure at the first GETFORCE.
         probe = encode_posdata(np.eye(3) * 10.0, np.zeros((1, 3)))
         stream.send(probe + GETFORCE)
-        reply = read_worker_reply(stream)
+        reply = read_worker_reply(stream, ReplyBound(natoms=1))
         if reply.header != ERROR:
             raise ProtocolError("the worker said NEEDINIT but then computed a result")
         return error_payload(reply)
@@ -192,6 +236,7 @@ class PoolDaemon:
             "stale": self.stale,
             "socket": str(self.files.socket),
             "log": str(self.files.log),
+            "relay": RELAY_VERSION,
         }
 
     def write_state(self) -> None:
@@ -212,11 +257,18 @@ class PoolDaemon:
                 log.warning("the worker exited on its own; closing every client")
                 self.worker_failed.set()
                 break
+            if self._retire.is_set() and self._listener is not None:
+                self.retire_socket()
+                listener = None
             if listener is not None:
                 try:
                     conn, _ = listener.accept()
                 except TimeoutError:
                     pass
+                except OSError as exc:
+                    log.warning("the listening socket failed (%s); taking no new clients", exc)
+                    self.retire_socket()
+                    listener = None
                 else:
                     self._admit(conn)
             else:
@@ -255,14 +307,26 @@ class PoolDaemon:
         self.write_state()
 
     def retire_socket(self) -> None:
-        """Take no new clients: unlink the socket, so the next attach starts afresh."""
+        """Take no new clients: unlink the socket, so the next attach starts afresh.
+
+        Only the main thread closes the listener (it may be inside ``accept``);
+        another thread calls :meth:`request_retire`.
+        """
+        self._unlink_socket()
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+
+    def request_retire(self) -> None:
+        """From a client thread: unlink the socket now; the main loop closes the listener."""
+        self._unlink_socket()
+        self._retire.set()
+
+    def _unlink_socket(self) -> None:
         if not self._socket_unlinked:
             self._socket_unlinked = True
             with contextlib.suppress(FileNotFoundError):
                 self.files.socket.unlink()
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
 
     def _admit(self, conn: socket.socket) -> None:
         uid = peer_uid(conn)
@@ -287,10 +351,10 @@ class PoolDaemon:
         except (ProtocolError, OSError) as exc:
             log.debug("client %d left: %s", client.ident, exc)
         finally:
+            # Idents are never reused, so a departed client's ident left in _system_of
+            # matches nobody: the next caller re-sends its INIT.
             with self._clients_lock:
                 self.clients.pop(client.ident, None)
-            if self._system_of == client.ident:
-                self._system_of = None
             client.stream.close()
             if not self.worker_failed.is_set():
                 self.write_state()
@@ -301,23 +365,45 @@ class PoolDaemon:
             stream.set_deadline(None, self._check_running)
             frame = read_client_frame(stream)
             if frame.header == INIT:
-                client.init, client.init_pending = frame.data, True
+                problem = init_problem(frame)
+                if problem is None:
+                    client.init, client.init_pending = frame.data, True
+                client.refused_init = problem
             elif frame.header == POSDATA:
                 client.posdata = frame.data
+            elif frame.header == DEADLINE:
+                client.timeout = deadline_seconds(frame)
             elif frame.header == STATUS:
                 stream.send(READY)
             elif frame.header == EXIT:
                 return
             elif frame.header == GETFORCE:
-                self._answer(client, self._getforce(client))
+                self._request(client, self._getforce)
             elif frame.header == BATCH:
-                self._answer(client, self._call_worker(client, [frame.data], None))
+                self._request(client, functools.partial(self._batch, frame=frame))
 
     def _check_running(self) -> None:
         if self.stop_requested.is_set() or self.worker_failed.is_set():
             raise PeerClosed("the pool daemon is stopping")
 
-    def _getforce(self, client: PoolClient) -> bytes:
+    def _request(self, client: PoolClient, call: Any) -> None:
+        """Answer one request; the deadline counts from its arrival (the caller's clock)."""
+        deadline = None if client.timeout is None else time.monotonic() + client.timeout
+        with self._clients_lock:
+            self._in_call += 1
+        try:
+            self._answer(client, call(client, deadline))
+        finally:
+            with self._clients_lock:
+                self._in_call -= 1
+
+    def _getforce(self, client: PoolClient, deadline: float | None) -> bytes:
+        refused, client.refused_init = client.refused_init, None
+        if refused is not None:
+            client.posdata = None
+            return encode_error(
+                "ProtocolError", f"the pool refused this INIT: {refused}", "", "init"
+            )
         if client.posdata is None or client.init is None:
             # Forwarding this would put the worker out of step for every client.
             return encode_error(
@@ -326,39 +412,123 @@ class PoolDaemon:
                 "",
                 "calculate",
             )
-        parts = []
-        if self._system_of != client.ident or client.init_pending:
-            parts.append(client.init)
-        parts += [client.posdata, GETFORCE]
-        client.posdata, client.init_pending = None, False
-        return self._call_worker(client, parts, client.ident)
+        init, posdata = client.init, client.posdata
+        client.posdata = None
 
-    def _call_worker(self, client: PoolClient, parts: list[bytes], system: int | None) -> bytes:
-        """Send ``parts`` to the worker and read its whole reply, under the worker lock."""
-        with self.worker_lock:
+        def parts() -> list[bytes]:
+            # Runs under the worker lock: only there is the worker's system known.
+            out = []
+            if self._system_of != client.ident or client.init_pending:
+                out.append(init)
+            client.init_pending = False
+            self._system_of = client.ident
+            return [*out, posdata, GETFORCE]
+
+        return self._call_worker(
+            client, parts, ReplyBound(natoms=posdata_natoms(posdata)), deadline
+        )
+
+    def _batch(self, client: PoolClient, deadline: float | None, *, frame: RawFrame) -> bytes:
+        problem, bound = batch_problem(frame)
+        if problem is not None:
+            return encode_error(
+                "ProtocolError", f"the pool refused this BATCH: {problem}", "", "calculate"
+            )
+        return self._call_worker(client, lambda: [frame.data], bound, deadline)
+
+    def _call_worker(
+        self,
+        client: PoolClient,
+        parts: Any,
+        bound: ReplyBound,
+        deadline: float | None,
+    ) -> bytes:
+        """Send ``parts()`` to the worker and read its whole reply, under the worker lock.
+
+        ``parts`` is called with the lock held. The caller's ``deadline`` covers the
+        wait for the lock (the worker is then left alone) and the reply (the worker
+        is then stopped: it may be stuck, and every later caller would wait on it).
+        """
+        wait = -1.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if not self.worker_lock.acquire(timeout=wait):
+            return encode_error(
+                "WorkerTimeout",
+                f"the pooled worker for {self.spec.checkpoint!r} was busy with other "
+                f"clients' calls for the whole {client.timeout:g} s timeout; it is still "
+                "running, and this call was not sent to it",
+                "",
+                "queue",
+            )
+        try:
+            if self.failure is not None:
+                return self.failure.frame()
             worker = self.worker
             stream = worker.stream if worker is not None else None
             if stream is None or self.worker_failed.is_set():
                 raise PeerClosed("the worker is gone")
             try:
-                stream.set_deadline(None, self._check_worker)
-                stream.send(b"".join(parts))
-                if system is not None:
-                    self._system_of = system
-                reply = read_worker_reply(stream)
+                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                stream.set_deadline(remaining, self._check_worker)
+                stream.send(b"".join(parts()))
+                reply = read_worker_reply(stream, bound)
+            except FrameTimeout:
+                return self._fail(
+                    client,
+                    "WorkerTimeout",
+                    f"the pooled worker for {self.spec.checkpoint!r} (pid {self._worker_pid()}) "
+                    f"did not answer within the caller's {client.timeout:g} s timeout; the "
+                    "pool daemon stopped it, and the next call starts a fresh one",
+                )
+            except (WorkerDiedError, PeerClosed, ConnectionError) as exc:
+                died = exc if isinstance(exc, WorkerDiedError) else self._died()
+                text = died.message.removeprefix("the worker for ")
+                return self._fail(
+                    client,
+                    "WorkerDiedError",
+                    f"the pooled worker for {text}; the next call attaches to a fresh one",
+                    exit_code=died.worker_exit_code,
+                    output_tail=died.output_tail,
+                )
             except (ProtocolError, OSError) as exc:
-                log.warning("the worker failed during client %d's call: %s", client.ident, exc)
-                self.worker_failed.set()
-                self.retire_socket()
-                raise PeerClosed("the worker is gone") from None
+                return self._fail(
+                    client,
+                    "ProtocolError",
+                    f"the pooled worker for {self.spec.checkpoint!r} (pid {self._worker_pid()}) "
+                    f"sent a malformed reply ({exc}); the pool daemon stopped it, and the "
+                    "next call starts a fresh one",
+                )
+        finally:
+            self.worker_lock.release()
         if reply.header == ERROR and _setup_phase(reply):
             self.worker_failed.set()
         return reply.data
 
+    def _died(self) -> WorkerDiedError:
+        """The worker closed its connection: its own exit status and output."""
+        worker = self.worker
+        if worker is None:
+            return WorkerDiedError("the pooled worker is gone", worker_exit_code=None)
+        return worker._died("during a calculation")
+
+    def _worker_pid(self) -> int | None:
+        return self.worker.pid if self.worker is not None else None
+
+    def _fail(self, client: PoolClient, type_: str, message: str, **details: Any) -> bytes:
+        """Give up the worker (the caller holds worker_lock): stop it, take no new
+        clients, and tell this caller and every waiting one why."""
+        log.warning("client %d's call: %s", client.ident, message)
+        self.failure = Failure(type_, message, details)
+        self.worker_failed.set()
+        self.request_retire()
+        worker = self.worker
+        if worker is not None:
+            worker.close(graceful=False)
+        return self.failure.frame()
+
     def _check_worker(self) -> None:
         worker = self.worker
         if worker is not None and worker.process is not None and worker.process.has_exited():
-            raise PeerClosed("the worker exited")
+            raise worker._died("during a calculation")
 
     def _answer(self, client: PoolClient, reply: bytes) -> None:
         # A client that died mid-call only loses its own reply: the worker's was read whole.
@@ -368,8 +538,15 @@ class PoolDaemon:
     # --- shutting down --------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Close every client, stop the worker, remove this daemon's files."""
+        """Close every client, stop the worker, remove this daemon's files.
+
+        Clients in a call are given a moment to receive the failure that ended
+        the daemon, so they learn why instead of seeing the connection close.
+        """
         self.retire_socket()
+        until = time.monotonic() + ANSWER_GRACE_S
+        while self.failure is not None and self._in_call and time.monotonic() < until:
+            time.sleep(0.02)
         with self._clients_lock:
             clients = list(self.clients.values())
         for client in clients:
@@ -400,6 +577,22 @@ def _setup_phase(reply: RawFrame) -> bool:
         return json.loads(error_payload(reply)).get("phase") == "setup"
     except (ValueError, AttributeError):
         return False
+
+
+def start_failure_record(exc: WorkerError) -> dict[str, Any]:
+    """The error file's content for a worker that never got ready (read by the client)."""
+    record: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "message": exc.message,
+        "traceback": exc.remote_traceback,
+        "phase": "setup",
+    }
+    if isinstance(exc, WorkerDiedError):
+        record["exit_code"] = exc.worker_exit_code
+        record["output_tail"] = exc.output_tail
+    if exc.hint:
+        record["hint"] = exc.hint
+    return record
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -440,8 +633,16 @@ def main(argv: list[str] | None = None) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, on_signal)
+    log.info("%s (pid %d) for %s", START_MARK, os.getpid(), spec.checkpoint)
     try:
-        failure = daemon.start_worker()
+        try:
+            failure = daemon.start_worker()
+        except WorkerError as exc:
+            # Died or timed out while loading the model: the client that started us
+            # reports the worker's own exit status and output, as without the pool.
+            log.error("the worker did not start: %s", exc.message)
+            write_json_atomic(files.error, start_failure_record(exc))
+            return EXIT_SETUP_FAILED
         if failure is not None:
             log.error("the worker's setup() failed; reporting it and exiting")
             write_json_atomic(files.error, json.loads(failure))

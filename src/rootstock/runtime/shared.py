@@ -145,10 +145,16 @@ class Holder:
     def distrust(self, session: WorkerSession) -> None:
         """Stop a worker that sent garbage, for every holder (if it is still the one)."""
         lease = self.lease
-        if lease is not None and not lease.stale and lease.entry.session is session:
-            lease.entry.stop()
-        else:
+        if lease is None or lease.stale:
             session.close()
+            return
+        entry = lease.entry
+        # Checked and cleared under the entry's lock: another holder may have
+        # replaced the session since, and that fresh one must not be stopped.
+        with entry.lock:
+            if entry.session is session:
+                entry.session = None
+        session.close()
 
     def leave(self) -> None:
         """Let go of the worker (the last holder's leaving stops it)."""
