@@ -20,7 +20,13 @@ from pathlib import Path
 
 from rootstock import names
 from rootstock.errors import ConfigError, UsageError
-from rootstock.install.parsing import ParseProblem, absolute_path_problem, loads_toml
+from rootstock.install.parsing import (
+    SMALL_FILE_MAX_BYTES,
+    ParseProblem,
+    absolute_path_problem,
+    loads_toml,
+    read_regular_file,
+)
 
 CLUSTERS_FILE_ENV = "ROOTSTOCK_CLUSTERS_FILE"
 _ENTRY_FORM = 'each entry is [clusters.NAME] with root = "/path" and an optional cache_root'
@@ -58,7 +64,8 @@ BUILTIN_CLUSTERS: dict[str, Cluster] = {
 def load_registry() -> dict[str, Cluster]:
     """Return the built-in clusters, extended or overridden by the site file.
 
-    Raises :class:`ConfigError` naming the file for one that is missing, not
+    Raises :class:`ConfigError` naming the file for one that is missing, not a
+    regular file, over :data:`~rootstock.install.parsing.SMALL_FILE_MAX_BYTES`, not
     UTF-8, not TOML, nested too deep, or has an entry whose ``root`` (or
     ``cache_root``) is not an absolute path string. An entry whose name breaks
     the cluster-name rule is skipped with a
@@ -70,7 +77,7 @@ def load_registry() -> dict[str, Cluster]:
         return registry
     path = Path(path_text).expanduser()
     try:
-        data = loads_toml(path.read_bytes())
+        data = loads_toml(read_regular_file(path, SMALL_FILE_MAX_BYTES))
     except FileNotFoundError:
         raise ConfigError(
             f"{CLUSTERS_FILE_ENV} names {path}, which does not exist",

@@ -22,9 +22,11 @@ from rootstock import names
 from rootstock.errors import ConfigError, UsageError
 from rootstock.install.atomic import atomic_write_text
 from rootstock.install.parsing import (
+    SMALL_FILE_MAX_BYTES,
     ParseProblem,
     absolute_path_problem,
     loads_toml,
+    read_regular_file,
     type_name,
 )
 
@@ -80,19 +82,28 @@ def load_config() -> dict[str, Any]:
     """Read config.toml; a missing file is an empty config.
 
     Raises :class:`ConfigError` naming the file (and the key, for a value of the
-    wrong type) for text that is not UTF-8, not TOML, nested too deep, or holds a
-    known key of the wrong type. A ``cluster`` that today's name rule refuses is
-    kept and warned about (:class:`~rootstock.names.StoredNameWarning`), so the
-    install stays usable; :func:`save_config` refuses to write it again.
+    wrong type) for a file that is not a regular file or is over
+    :data:`~rootstock.install.parsing.SMALL_FILE_MAX_BYTES`, and for text that is
+    not UTF-8, not TOML, nested too deep, or holds a known key of the wrong type.
+    A ``cluster`` that today's name rule refuses is kept and warned about
+    (:class:`~rootstock.names.StoredNameWarning`), so the install stays usable;
+    :func:`save_config` refuses to write it again.
     """
     path = config_path()
     try:
-        raw = path.read_bytes()
+        raw = read_regular_file(path, SMALL_FILE_MAX_BYTES)
     except FileNotFoundError:
         return {}
     except OSError as exc:
         raise ConfigError(
-            f"cannot read {path}: {exc}", hint=f"check the file's permissions, {_REINIT_HINT}"
+            f"cannot read {path}: {exc.strerror or exc}",
+            hint=f"check the file's permissions, {_REINIT_HINT}",
+        ) from None
+    except ParseProblem as exc:
+        raise ConfigError(
+            f"cannot read {path}: {exc}",
+            hint=f"check that {path} is the config file you meant ({CONFIG_ENV} names "
+            f"another), {_REINIT_HINT}",
         ) from None
     try:
         data = loads_toml(raw)

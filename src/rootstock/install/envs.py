@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,13 @@ from rootstock.install.envfile import (
     source_hash,
 )
 from rootstock.install.layout import InstallLayout
-from rootstock.install.parsing import loads_json
+from rootstock.install.parsing import (
+    SMALL_FILE_MAX_BYTES,
+    ParseProblem,
+    loads_json,
+    read_regular_file,
+    require_regular_file,
+)
 
 ENV_METADATA = "rootstock-env.json"
 _E = TypeVar("_E", bound=UsageError)
@@ -87,8 +94,9 @@ class BrokenEnv:
     def live_source_hash(self) -> str | None:
         """The hash of the file as it is now (what a failure is recorded against)."""
         try:
+            require_regular_file(self.path)  # never wait on a FIFO
             return source_hash(self.path.read_text(encoding="utf-8", errors="replace"))
-        except OSError:
+        except (OSError, ParseProblem):
             return None
 
     def error(self, what: str | None = None) -> EnvBroken:
@@ -124,13 +132,17 @@ class InstalledEnvs:
 
 
 def installed_env_names(layout: InstallLayout) -> list[str]:
-    """Names of envs that finished building (they have an env_source.py)."""
+    """Names of envs that finished building (they have an env_source.py).
+
+    Whatever ``env_source.py`` has become (a directory, a FIFO, a dangling link)
+    counts: such an env is broken, and must show as broken rather than vanish.
+    """
     if not layout.envs_dir.is_dir():
         return []
     return sorted(
         p.name
         for p in layout.envs_dir.iterdir()
-        if not p.name.startswith(".") and (p / "env_source.py").is_file()
+        if not p.name.startswith(".") and os.path.lexists(p / "env_source.py")
     )
 
 
@@ -140,7 +152,7 @@ def load_installed_env(layout: InstallLayout, name: str) -> EnvFile:
     Raises :class:`EnvBroken` when the file cannot be read or does not parse.
     """
     path = layout.env_source(name)
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise EnvNotFound(
             f"no env named {name!r} is installed in {layout.root}",
             hint=f"install it with `rootstock install environments/{name}.py`",
@@ -185,6 +197,12 @@ def load_installed_envs(layout: InstallLayout) -> tuple[list[EnvFile], list[str]
 
 def _parse_built(path: Path, name: str) -> EnvFile | BrokenEnv:
     """Parse a built ``env_source.py``: the env, or why it is broken."""
+    try:
+        require_regular_file(path)  # a directory fails to read, a FIFO would block
+    except ParseProblem as exc:
+        return BrokenEnv(name, path, 1, str(exc))
+    except OSError:
+        pass  # parse_env_file names the read error
     try:
         env, problems = parse_env_file(path, name)
     except EnvFileError as exc:
@@ -388,7 +406,7 @@ def env_metadata_path(layout: InstallLayout, name: str) -> Path:
 def read_env_metadata(layout: InstallLayout, name: str) -> dict | None:
     """The ``rootstock-env.json`` of a built env, or None if absent or unreadable."""
     try:
-        data = loads_json(env_metadata_path(layout, name).read_bytes())
+        data = loads_json(read_regular_file(env_metadata_path(layout, name), SMALL_FILE_MAX_BYTES))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

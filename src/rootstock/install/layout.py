@@ -34,7 +34,14 @@ from rootstock.install.clusters import (
     unknown_cluster_error,
 )
 from rootstock.install.config import config_path, load_config
-from rootstock.install.parsing import ParseProblem, absolute_path_problem, loads_json, type_name
+from rootstock.install.parsing import (
+    SMALL_FILE_MAX_BYTES,
+    ParseProblem,
+    absolute_path_problem,
+    loads_json,
+    read_regular_file,
+    type_name,
+)
 
 LAYOUT_VERSION = 1
 ROOT_ENV = "ROOTSTOCK_ROOT"
@@ -209,8 +216,10 @@ def _absolute(path: str | os.PathLike) -> Path:
 def read_layout(root: Path) -> dict[str, Any] | None:
     """Return ``{root}/layout.json``, or None if the install has none yet.
 
-    Raises :class:`LayoutError` naming the file (and the field) for text that is
-    not UTF-8 JSON, nests too deep, holds NaN, is not an object, has no
+    Raises :class:`LayoutError` naming the file (and the field) for a file that is
+    not a regular file or is over
+    :data:`~rootstock.install.parsing.SMALL_FILE_MAX_BYTES`, for text that is not
+    UTF-8 JSON, nests too deep, holds NaN, is not an object, has no
     non-negative integer ``layout_version`` or a newer one than this client knows,
     or declares a ``cache_root`` that is neither null nor an absolute path.
     ``written_by`` and ``written_at`` are informational and never read, so their
@@ -218,7 +227,7 @@ def read_layout(root: Path) -> dict[str, Any] | None:
     """
     path = Path(root) / "layout.json"
     try:
-        data = loads_json(path.read_bytes())
+        data = loads_json(read_regular_file(path, SMALL_FILE_MAX_BYTES))
     except FileNotFoundError:
         return None
     except (OSError, ParseProblem) as exc:

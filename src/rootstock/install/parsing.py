@@ -8,10 +8,16 @@ right :class:`~rootstock.errors.RootstockError` with the file's path and a hint.
 * JSON is standard JSON: ``NaN``, ``Infinity``, ``-Infinity`` and numbers that
   overflow a float (``1e999``) are refused (Python's ``json`` accepts and writes
   them; nothing else does).
+* JSON objects hold each key once. Python's ``json`` keeps the last of two equal
+  keys, so a stray duplicate would silently drop the first value (and a write
+  would then store the loss); it is refused instead.
 * Nesting is bounded. The stdlib parsers recurse, so a file nested 100,000 deep
   raises ``RecursionError``, which is not a decode error; it is caught here and
   reported like one. A value that parsed but nests deeper than ``max_depth`` is
   refused too (:func:`check_depth`), so no later walk can recurse out of stack.
+
+Small input files (config, registry, layout) are read by :func:`read_regular_file`:
+only a regular file, never blocking on a FIFO, and only up to a cap.
 
 Two helpers word the refusals of values the files hold: :func:`type_name` and
 :func:`absolute_path_problem` (a stored path must be absolute as written).
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tomllib
 from typing import Any
 
@@ -31,6 +38,9 @@ MAX_DEPTH = 64
 # records them about 9 levels down and refuses files nested deeper than MAX_DEPTH, so
 # 32 leaves room on both sides.
 MAX_KWARG_DEPTH = 32
+# config.toml, the cluster registry, layout.json and an env's build metadata hold a
+# few hundred bytes; a file a thousand times that size is a mistake, not a setting.
+SMALL_FILE_MAX_BYTES = 1 << 20
 
 
 class ParseProblem(ValueError):
@@ -41,10 +51,46 @@ class TooDeep(ParseProblem):
     """The text parsed, or would have, but nests deeper than the bound."""
 
 
+def read_regular_file(path: str | os.PathLike[str], max_bytes: int | None) -> bytes:
+    """The bytes of ``path``, refusing anything but a regular file of at most ``max_bytes``.
+
+    Links are followed. Anything else (a FIFO, a device, a directory) is refused
+    before it is opened, and the open never blocks, so a FIFO swapped in after that
+    check is refused too instead of waiting for a writer. A file over ``max_bytes``
+    is refused by its size before any of it is read; ``None`` means no cap. Raises
+    :class:`OSError` (``FileNotFoundError`` for a missing file) or
+    :class:`ParseProblem` saying what the file is or how big.
+    """
+    require_regular_file(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        _require_regular_mode(info.st_mode)
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise ParseProblem(_too_large(info.st_size, max_bytes))
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            raw = fh.read() if max_bytes is None else fh.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if max_bytes is not None and len(raw) > max_bytes:  # it grew after the fstat
+        raise ParseProblem(_too_large(len(raw), max_bytes, "or more "))
+    return raw
+
+
+def require_regular_file(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`ParseProblem` naming what ``path`` is unless it is a regular file.
+
+    Links are followed; the ``OSError`` of a missing or unreadable path propagates.
+    Reading a directory fails and reading a FIFO blocks, so a reader that opens the
+    file itself checks this first.
+    """
+    _require_regular_mode(os.stat(path).st_mode)
+
+
 def loads_json(
     raw: str | bytes, max_depth: int = MAX_DEPTH, *, walked_by_caller: bool = False
 ) -> Any:
-    """Parse standard JSON, refusing non-UTF-8, NaN/Infinity and deep nesting.
+    """Parse standard JSON, refusing non-UTF-8, NaN/Infinity, duplicate keys, deep nesting.
 
     ``walked_by_caller`` skips the two passes over every number and container
     (the float range, :func:`check_depth`), for a caller whose own walk of the
@@ -59,7 +105,12 @@ def loads_json(
             raise ParseProblem("not UTF-8 text") from None
     floats = float if walked_by_caller else _finite_float
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=floats)
+        value = json.loads(
+            raw,
+            parse_constant=_refuse_constant,
+            parse_float=floats,
+            object_pairs_hook=_object_with_unique_keys,
+        )
     except RecursionError:
         raise TooDeep(_too_deep(max_depth)) from None
     except json.JSONDecodeError as exc:
@@ -161,6 +212,43 @@ def type_name(value: object) -> str:
     if isinstance(value, dict):
         return "a table"
     return f"a {type(value).__name__}"
+
+
+def _object_with_unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Called for every object of a megabyte manifest, so the common case is one dict
+    # build and one length test, both in C; only a refusal looks for the culprit.
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ParseProblem(
+                    f"duplicate key {json.dumps(key)} in one object (JSON readers "
+                    "disagree on which value counts, so rootstock reads neither)"
+                )
+            seen.add(key)
+    return value
+
+
+def _require_regular_mode(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise ParseProblem(f"it is {_file_kind(mode)}, not a regular file")
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a plain file"
+
+
+def _too_large(size: int, max_bytes: int, more: str = "") -> str:
+    return f"it is {size:,} bytes {more}long; rootstock reads at most {max_bytes:,} bytes of it"
 
 
 def _refuse_constant(name: str) -> Any:

@@ -3,8 +3,9 @@
 Reads only small files (env sources, build metadata, the manifest). Directory
 sizes are opt-in: walking gigabytes on Lustre at every call is too slow.
 
-A built env whose ``env_source.py`` does not parse shows as ``broken`` with
-``file:line: message`` in ``error``; its rows are the ids the manifest recorded.
+A built env whose ``env_source.py`` does not parse, or is no longer a regular file
+(a directory, a FIFO), shows as ``broken`` with ``file:line: message`` in ``error``;
+its rows are the ids the manifest recorded.
 """
 
 from __future__ import annotations

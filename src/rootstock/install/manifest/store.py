@@ -5,6 +5,12 @@ reader sees the old file or the new one. Every write is a short read-modify-writ
 under ``{root}/.locks/manifest.lock`` (:class:`~rootstock.install.locking.FileLock`:
 POSIX record locks, with an ``mkdir`` fallback where the filesystem refuses them),
 so concurrent writers never lose each other's updates.
+
+Because a write renames a new file into place, a ``manifest.json`` that is a
+symbolic link would be replaced by a plain file, and the link's target would
+silently stop getting updates. Every write refuses a link instead of writing
+through it: the lock guards this root's writers only, so a write through the
+link could race the writers of whatever else shares the target.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from rootstock.install.clusters import clusters_for_root
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
 from rootstock.install.manifest.schema import (
+    FIX_HINT,
     MANIFEST_VERSION,
     Manifest,
     new_manifest,
@@ -34,6 +41,7 @@ from rootstock.install.manifest.schema import (
     utc_now,
 )
 from rootstock.install.manifest.validate import SchemaProblem, check_manifest
+from rootstock.install.parsing import ParseProblem, read_regular_file
 
 LOCK_NAME = "manifest.lock"
 DEFAULT_LOCK_TIMEOUT = 60.0
@@ -57,9 +65,13 @@ def load_manifest(layout: InstallLayout) -> Manifest:
 
 
 def _read(path: Path) -> tuple[Manifest, bytes | None]:
-    """Return (manifest, the bytes it was parsed from); None bytes when absent."""
+    """Return (manifest, the bytes it was parsed from); None bytes when absent.
+
+    Only a regular file is read (a FIFO would block every reader); it has no size
+    cap, since a large install's manifest is megabytes.
+    """
     try:
-        raw = path.read_bytes()
+        raw = read_regular_file(path, None)
     except FileNotFoundError:
         return new_manifest(), None
     except OSError as exc:
@@ -67,6 +79,8 @@ def _read(path: Path) -> tuple[Manifest, bytes | None]:
             f"cannot read {path}: {exc.strerror or exc}",
             hint="check the permissions of the install root (rootstock setup-perms)",
         ) from None
+    except ParseProblem as exc:
+        raise ManifestError(f"cannot read {path}: {exc}", hint=FIX_HINT) from None
     data, _ = parse_manifest_text(raw, path)
     return data, raw
 
@@ -81,11 +95,14 @@ def update_manifest(
     ``mutate`` edits the dict in place. It must be quick and do no I/O of its own: the
     lock is held while it runs. If it raises, nothing is written. A refused (corrupt
     or newer) manifest raises :class:`ManifestError` before ``mutate`` runs. An
-    absent manifest is created; when nothing changed, the file is not rewritten. Raises
-    :class:`~rootstock.errors.LockTimeout` after ``timeout`` seconds of waiting.
+    absent manifest is created; when nothing changed, the file is not rewritten. A
+    manifest that is a symbolic link raises :class:`ManifestError` (see the module
+    docstring). Raises :class:`~rootstock.errors.LockTimeout` after ``timeout``
+    seconds of waiting.
     """
     path = layout.manifest_file
     with FileLock(manifest_lock_path(layout), timeout=timeout, what="manifest lock"):
+        refuse_linked_manifest(path)
         _remove_orphaned_temp_files(path)
         data, raw = _read(path)
         result = mutate(data)
@@ -117,6 +134,25 @@ def serialize_manifest(data: Manifest, path: Path | str = "manifest.json") -> by
 
 
 UNSTORABLE_HINT = "nothing was written: the manifest is as it was"
+
+
+def refuse_linked_manifest(path: Path) -> None:
+    """Raise :class:`ManifestError` if ``path`` is a symbolic link (a write would replace it)."""
+    if not path.is_symlink():
+        return
+    target = Path(os.path.realpath(path))
+    if target.exists():
+        hint = (
+            f"replace the link by the file it points to: "
+            f"cp --remove-destination {target} {path} (nothing was written)"
+        )
+    else:
+        hint = f"replace the link by the file; it points to {target}, which does not exist"
+    raise ManifestError(
+        f"{path} is a symbolic link to {target}: writing it would replace the link by a "
+        "plain file and leave the target behind, out of date",
+        hint=hint,
+    )
 
 
 def _refuse_unreadable(data: Manifest, path: Path) -> None:
@@ -187,10 +223,11 @@ def ensure_manifest(
         served = update_manifest(layout, add_clusters, timeout)
         return ManifestInit(created=not existed, clusters=served)
     with FileLock(manifest_lock_path(layout), timeout=timeout, what="manifest lock"):
+        refuse_linked_manifest(path)
         backup = None
         try:
-            old = path.read_bytes()
-        except FileNotFoundError:
+            old: bytes | None = read_regular_file(path, None)
+        except (FileNotFoundError, ParseProblem):  # absent, or no file to keep (a FIFO)
             old = None
         if old is not None:
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
