@@ -1,13 +1,16 @@
 """Usage records from real sessions, under real users (runs as root for those tests).
 
 Sessions run as separate processes under three real accounts (``setpriv
---reuid``), so the salted user hash comes from each process's own uid, as it does
-on a cluster. The install lives under /srv, not under pytest's temp dir:
-/tmp/pytest-of-root is 0700, so no other account could reach anything below it.
+--reuid``), each with its own home, so each record's ``user`` is the random id in
+that account's own config dir, as it is on a cluster. The accounts share a project
+group, which owns the spool, as after ``setup-perms``. The install lives under
+/srv, not under pytest's temp dir: /tmp/pytest-of-root is 0700, so no other
+account could reach anything below it.
 """
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import pwd
@@ -25,20 +28,23 @@ from pathlib import Path
 import pytest
 
 from rootstock.install.layout import InstallLayout
-from rootstock.install.usage import DISABLE_ENV, SALT_NAME, read_records, user_hash
+from rootstock.install.usage import DISABLE_ENV, read_records
+from rootstock.install.usage_id import USER_ID_NAME
 from rootstock.ops.usage import name_digest, tally_records
 from tests.conftest import ROOTSTOCK, make_root, run_rootstock
 
 REPO = Path(__file__).resolve().parents[2]
 EMT_ENV = REPO / "environments" / "emt.py"
 USERS = ("rsusage1", "rsusage2", "rsusage3")
+PROJECT = "rsusageproj"
 FORCE_CALLS = 3
 
 pytestmark = pytest.mark.timeout(900)
 
 needs_accounts = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(t) for t in ("setpriv", "useradd", "userdel")),
-    reason="runs sessions under real accounts: needs root, setpriv and useradd",
+    os.geteuid() != 0
+    or not all(shutil.which(t) for t in ("setpriv", "useradd", "userdel", "groupadd", "usermod")),
+    reason="runs sessions under real accounts: needs root, setpriv, useradd and groupadd",
 )
 
 # Each session: a few force calls on a rattled Cu cell, energies printed as JSON.
@@ -77,15 +83,19 @@ def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def accounts() -> Iterator[tuple[str, ...]]:
-    """Three ordinary accounts, created idempotently and removed afterwards."""
+    """Three ordinary accounts in one project group, created idempotently and removed
+    afterwards."""
+    _sh("groupadd", "-f", PROJECT)
     for user in USERS:
         try:
             pwd.getpwnam(user)
         except KeyError:
             _sh("useradd", "-m", "-s", "/bin/sh", user)
+        _sh("usermod", "-aG", PROJECT, user)
     yield USERS
     for user in USERS:
         _sh("userdel", "-r", user, check=False)
+    _sh("groupdel", PROJECT, check=False)
 
 
 def session_as(user: str, root: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -137,11 +147,13 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[list[float], s
 
 
 def reset_spool(spool: Path, mode: int = 0o1777) -> Path:
+    """An empty spool of the project group's, as setup-perms leaves it."""
     if spool.is_symlink() or spool.is_file():
         spool.unlink()
     elif spool.exists():
         shutil.rmtree(spool)
     spool.mkdir()
+    shutil.chown(spool, group=PROJECT)
     os.chmod(spool, mode)
     return spool
 
@@ -189,11 +201,19 @@ def test_concurrent_sessions_from_three_users(shared_root: Path, accounts):
 
     records, unreadable = read_records(spool)
     assert len(records) == 8 and not unreadable
-    salt = (spool / SALT_NAME).read_bytes().strip()
-    hashes = {user_hash(salt, user) for user in accounts}
+    # Each account's id is the one in its own 0600 file (ROOTSTOCK_CONFIG puts it in
+    # its home), three accounts, three ids, however their first sessions raced.
+    ids = {}
+    for user in accounts:
+        id_file = Path(pwd.getpwnam(user).pw_dir) / USER_ID_NAME
+        info = id_file.stat()
+        assert stat.S_IMODE(info.st_mode) == 0o600 and info.st_uid == pwd.getpwnam(user).pw_uid
+        ids[id_file.read_text().strip()] = user
+    assert len(ids) == 3
     owners = {pwd.getpwnam(u).pw_uid for u in accounts}
+    gid = grp.getgrnam(PROJECT).gr_gid
     for name, record in records.items():
-        assert record["user"] in hashes
+        assert ids[record["user"]] == pwd.getpwuid((spool / name).stat().st_uid).pw_name
         assert record["force_calls"] == FORCE_CALLS
         assert (record["entry_point"], record["env"], record["checkpoint"]) == (
             "calculator",
@@ -201,8 +221,10 @@ def test_concurrent_sessions_from_three_users(shared_root: Path, accounts):
             "emt",
         )
         info = (spool / name).stat()
-        assert stat.S_IMODE(info.st_mode) == 0o644 and info.st_uid in owners
-    # No username anywhere in the spool: records, salt, nothing.
+        assert stat.S_IMODE(info.st_mode) == 0o640 and info.st_uid in owners
+        assert info.st_gid == gid
+    # No username anywhere in the spool, and no salt to hash usernames with.
+    assert sorted(p.name for p in spool.iterdir()) == sorted(records)
     for path in spool.rglob("*"):
         if path.is_file():
             text = path.read_text(errors="replace")
@@ -236,12 +258,30 @@ def test_spool_problems_record_nothing_and_break_nothing(shared_root: Path, acco
         assert "usage" not in err.lower() and "salt" not in err.lower()
         if spool.is_dir():
             assert read_records(spool) == ({}, [])
-            if case == "read-only":
-                assert not (spool / SALT_NAME).exists()
+            assert list(spool.iterdir()) == []
         else:
             assert not (shared_root / "no-such-spool").exists()
     finally:
         reset_spool(spool)
+
+
+@needs_accounts
+def test_an_account_that_cannot_keep_its_id_still_records_untraceably(shared_root, accounts):
+    spool = reset_spool(shared_root / "usage")
+    # The config dir would be /rootstock-usage-ro: the account cannot create it.
+    nowhere = {"ROOTSTOCK_CONFIG": "/rootstock-usage-ro/config.toml"}
+    for proc in [session_as(accounts[0], shared_root, nowhere) for _ in range(2)]:
+        energies, err = finish(proc)
+        assert energies == pytest.approx(reference_energies(FORCE_CALLS), abs=1e-9)
+        assert "usage" not in err.lower()
+    assert not Path("/rootstock-usage-ro").exists()
+    records, unreadable = read_records(spool)
+    users = {r["user"] for r in records.values()}
+    assert len(records) == 2 and not unreadable
+    assert len(users) == 2  # one random id per process, never the account's own
+    own = Path(pwd.getpwnam(accounts[0]).pw_dir) / USER_ID_NAME
+    if own.exists():
+        assert own.read_text().strip() not in users
 
 
 # --- compact under SIGKILL ---------------------------------------------------------------

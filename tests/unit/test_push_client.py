@@ -27,7 +27,6 @@ from rootstock.install.manifest import (
     record_fetch,
     record_verification,
 )
-from rootstock.install.usage import user_hash
 from rootstock.ops.http_client import Deadline, RetryPolicy, request_json
 from rootstock.ops.push import Dashboard, dashboard_settings, push_manifest, push_usage
 from tests.unit.push_stand_in import StandIn, free_port, serve
@@ -329,7 +328,7 @@ def _usage_install(tmp_path: Path) -> tuple[InstallLayout, list[str]]:
     """An install for cluster alpha with three usage records of two users."""
     layout = InstallLayout(root=tmp_path, cache_root=tmp_path)
     layout.usage_dir.mkdir(parents=True)
-    hashes = [user_hash(b"0" * 32, name) for name in ("ann", "bob")]
+    hashes = ["a1" * 16, "b2" * 16]  # two users' ids
     for i, user in enumerate([hashes[0], hashes[1], hashes[0]]):
         record = {
             "version": 1,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -16,16 +17,13 @@ from rootstock.install.layout import InstallLayout
 from rootstock.install.usage import (
     DISABLE_ENV,
     LOCAL_CHECKPOINT,
-    SALT_NAME,
     SessionUsage,
     current_entry_point,
-    current_username,
     entry_point,
-    read_or_create_salt,
     read_records,
-    user_hash,
     write_record,
 )
+from rootstock.install.usage_id import user_id_path
 from rootstock.ops.push import push_usage
 from rootstock.ops.usage import (
     Rollup,
@@ -85,7 +83,7 @@ def test_record_fields_mode_and_no_username(layout, monkeypatch):
     monkeypatch.delenv(DISABLE_ENV, raising=False)
     path = session(layout.usage_dir, calls=4).finish()
     assert path is not None and path.parent == layout.usage_dir
-    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
     data = json.loads(path.read_text())
     assert set(data) == {
         "version",
@@ -100,10 +98,9 @@ def test_record_fields_mode_and_no_username(layout, monkeypatch):
     }
     assert data["force_calls"] == 4 and data["entry_point"] == "calculator"
     assert data["start"].endswith("Z")
-    salt = (layout.usage_dir / SALT_NAME).read_bytes().strip()
-    assert data["user"] == user_hash(salt, current_username())
-    assert current_username() not in path.read_text()
-    assert stat.S_IMODE((layout.usage_dir / SALT_NAME).stat().st_mode) == 0o644
+    assert data["user"] == user_id_path().read_text().strip()  # tests/unit/test_usage_identity.py
+    assert pwd.getpwuid(os.geteuid()).pw_name not in path.read_text()
+    assert [p.name for p in layout.usage_dir.iterdir()] == [path.name]  # no salt, nothing else
 
 
 def test_custom_weights_are_recorded_as_local(layout):
@@ -128,15 +125,9 @@ def test_opt_out_missing_and_read_only_spool_record_nothing_and_never_raise(
     monkeypatch.delenv(DISABLE_ENV)
     assert session(tmp_path / "nowhere").finish() is None
     assert not (tmp_path / "nowhere").exists()  # a missing spool is never created
-    (layout.usage_dir / SALT_NAME).write_text("x")  # truncated salt: broken spool
-    assert session(layout.usage_dir).finish() is None
+    (tmp_path / "a-file").write_text("")  # a broken spool (read-only: tests/integration)
+    assert session(tmp_path / "a-file").finish() is None
     assert read_records(layout.usage_dir) == ({}, [])
-
-
-def test_salt_is_created_once_and_shared(layout):
-    first = read_or_create_salt(layout.usage_dir)
-    assert read_or_create_salt(layout.usage_dir) == first
-    assert [p.name for p in layout.usage_dir.iterdir()] == [SALT_NAME]  # no temp left
 
 
 def test_unique_names_under_many_writes(layout):

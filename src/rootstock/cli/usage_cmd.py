@@ -84,6 +84,11 @@ def compact(root: str | None, cluster: str | None, cache_root: str | None) -> No
             f"{result.torn_kept} unreadable record(s) skipped and kept (younger than "
             f"{TORN_RECORD_MAX_AGE_DAYS} days, or not yours to delete); they are never counted"
         )
+    if result.salt_removed:
+        click.echo(
+            "removed the old salt (.salt): records now carry random ids, and the salt "
+            "let anyone recompute older records' user hashes"
+        )
     for month, repairs in result.repaired.items():
         for repair in repairs:
             warn(f"repaired usage rollup {month}: {repair}")
@@ -104,7 +109,7 @@ def push(
     """Send the monthly counts (as `usage report` shows them) to the dashboard.
 
     Only aggregates travel: sessions, distinct users and force calls per month, env
-    and checkpoint, never user hashes. Records do not name their cluster, so the
+    and checkpoint, never user ids. Records do not name their cluster, so the
     counts go to --cluster (needed on a shared install). Re-sending is safe: the
     dashboard replaces a month's counts.
     """

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import hashlib
 import logging
 import os
-import pwd
 import re
 import secrets
 import stat
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rootstock.install.parsing import ParseProblem, dumps_json, loads_json
+from rootstock.install.usage_id import usage_user_id
 
 log = logging.getLogger("rootstock.usage")
 
@@ -40,10 +39,10 @@ RECORD_VERSION = 1
 DISABLE_ENV = "ROOTSTOCK_DISABLE_USAGE_STATS"
 ENTRY_POINTS = ("calculator", "serve", "verify", "benchmark")
 LOCAL_CHECKPOINT = "(local)"
-SALT_NAME = ".salt"
 ROLLUPS_DIR = "rollups"
-RECORD_MODE = 0o644
-_SALT_BYTES = 32
+# Readable by the spool's group (the maintainers) and nobody else; with the spool's
+# default ACL the named project group reads it too (docs/permissions.md).
+RECORD_MODE = 0o640
 # What the dashboard stores (src/rootstock/dashboard/schemas.py: ``INT32`` for every
 # count, ``models.NAME`` for env and checkpoint names). The client cannot import the
 # dashboard (its packages are an extra), so the bounds are repeated here, once;
@@ -61,57 +60,6 @@ def recording_disabled() -> bool:
 def public_checkpoint(checkpoint: str) -> str:
     """The checkpoint as recorded: ``(local)`` for user weights, never their path."""
     return LOCAL_CHECKPOINT if checkpoint.endswith(":custom") else checkpoint
-
-
-def current_username() -> str:
-    """The account this process runs as (from the uid, not from $USER)."""
-    uid = os.getuid()
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return f"uid:{uid}"
-
-
-# --- the salt -------------------------------------------------------------------------
-
-
-def read_or_create_salt(spool: Path) -> bytes:
-    """The spool's salt, created once (by whoever first needs it) and world-readable.
-
-    The salt is written to a private temp name and published with ``link()``, which
-    fails if ``.salt`` exists: so concurrent first sessions agree on one salt and no
-    reader ever sees a half-written file. Raises OSError when the spool refuses.
-    """
-    path = spool / SALT_NAME
-    with contextlib.suppress(FileNotFoundError):
-        return _read_salt(path)
-    tmp = spool / f".salt.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, RECORD_MODE)
-    try:
-        os.fchmod(fd, RECORD_MODE)
-        os.write(fd, secrets.token_hex(_SALT_BYTES).encode("ascii") + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass  # another session won the race; use its salt
-    finally:
-        tmp.unlink(missing_ok=True)
-    return _read_salt(path)
-
-
-def _read_salt(path: Path) -> bytes:
-    salt = path.read_bytes().strip()
-    if len(salt) < 16:
-        raise OSError(f"usage salt {path} is truncated")
-    return salt
-
-
-def user_hash(salt: bytes, username: str) -> str:
-    """The salted hash that stands for a user in records and rollups."""
-    return hashlib.sha256(salt + b"\0" + username.encode("utf-8")).hexdigest()[:32]
 
 
 # --- writing a record -----------------------------------------------------------------
@@ -144,13 +92,13 @@ class SessionUsage:
         self._done = True
         try:
             return write_record(self.spool, self.record(time.monotonic() - self._t0))
-        # Anything at all (a full disk, a bad salt, NFS trouble) stays out of the calculation.
+        # Anything at all (a full disk, NFS trouble) stays out of the calculation.
         except Exception as exc:
             log.debug("usage record not written to %s: %s", self.spool, exc)
             return None
 
     def record(self, duration_s: float) -> dict[str, Any]:
-        """The record's content without the user hash (added at write time)."""
+        """The record's content without the user id (added at write time)."""
         return {
             "version": RECORD_VERSION,
             "env": self.env,
@@ -173,22 +121,50 @@ def start_session_usage(
 def write_record(spool: Path, record: dict[str, Any]) -> Path | None:
     """Create one record file in ``spool`` with O_EXCL; None when recording is off.
 
-    Raises OSError when the spool exists but refuses the write.
+    The record gets this account's random ``user`` id
+    (:func:`~rootstock.install.usage_id.usage_user_id`), the spool's group and mode
+    0640 (see :func:`_in_spool_group` for a writer outside that group). Raises
+    OSError when the spool exists but refuses the write.
     """
     if recording_disabled() or not spool.is_dir():
         return None
-    salt = read_or_create_salt(spool)
-    body = dict(record, user=user_hash(salt, current_username()))
+    body = dict(record, user=usage_user_id())
     data = (dumps_json(body, sort_keys=True) + "\n").encode("utf-8")
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     path = spool / f"{stamp}-{secrets.token_hex(8)}.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, RECORD_MODE)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, RECORD_MODE)
     try:
-        os.fchmod(fd, RECORD_MODE)  # whatever the umask, the collector must read it
+        # Whatever the umask: the spool's group must read it, and nobody else.
+        os.fchmod(fd, RECORD_MODE if _in_spool_group(fd, spool.stat().st_gid) else 0o600)
         os.write(fd, data)  # one small write: readers skip a record they cannot parse
     finally:
         os.close(fd)
     return path
+
+
+def _in_spool_group(fd: int, gid: int) -> bool:
+    """Put the new record in the spool's group ``gid``; False when its group may not read it.
+
+    The spool is not setgid, so a record starts in its writer's own group, and only
+    a member of the spool's group may hand it over. A non-member's record stays in
+    the writer's group, where 0640 would let that group read it: unless the spool's
+    default ACL governs the file (the owning group's entry is then ``---`` and the
+    project group's named entry reads it), it is made 0600 instead.
+    """
+    if os.fstat(fd).st_gid == gid:
+        return True
+    try:
+        os.fchown(fd, -1, gid)
+        return True
+    except PermissionError:
+        pass
+    getxattr = getattr(os, "getxattr", None)  # Linux only
+    try:
+        # The access ACL is stored only when the file has named entries.
+        return getxattr is not None and bool(getxattr(fd, "system.posix_acl_access"))
+    except OSError:
+        return False
 
 
 # --- reading ---------------------------------------------------------------------------

@@ -193,7 +193,7 @@ def live_source_hashes(layout: InstallLayout, manifest: Manifest) -> dict[str, s
 
 
 def usage_payload(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The body of ``POST .../usage``: aggregated counts only, never user hashes.
+    """The body of ``POST .../usage``: aggregated counts only, never user ids.
 
     Each count is capped at :data:`~rootstock.install.usage.COUNT_MAX`, the most the
     dashboard stores: a month's force calls, summed over many sessions, can pass it.
