@@ -24,8 +24,12 @@
 #   mask-clamp      an ACL mask without read: group entries lose read
 #   default-acl     a default ACL whose mask or other entry lacks read: new files
 #                   will not be readable
+#   locks-open      the install's lock directory ROOT/.locks grants others access:
+#                   a read lock needs only read access, so anyone who can open a
+#                   lock file can stall every maintainer's write
 # The contents of the usage spool (any sticky, world-writable directory) are users'
-# private records and are skipped.
+# private records and are skipped, and so is ROOT/.locks, the one directory that
+# must be closed to others (the maintainers' lock files).
 #
 # Exit status: 0 no violations; 1 violations were printed; 2 usage error, or the
 # audit could not complete (a root is missing, or getfacl is not installed).
@@ -131,10 +135,25 @@ check_outside_target() {
 audit_tree() {
     local root=$1 kind m path
     local rows=$WORK/rows links=$WORK/links targets=$WORK/targets spools=$WORK/spools
+    local locks=$root/.locks locks_pattern
+
+    # The lock directory must be the maintainers' alone.
+    if [ -d "$locks" ] && [ ! -L "$locks" ]; then
+        m=$(mode_of "$locks")
+        if [ -n "$m" ] && (((8#$m & 7) != 0)); then
+            violation locks-open "$locks" \
+                "others can open the install's lock files (mode $m): a read lock on one stalls every maintainer's write" \
+                "chmod -R o-rwx $(q "$locks")   (as its owner)"
+        fi
+    fi
+    # find -path takes a glob: escape the root's own glob characters.
+    locks_pattern=$(printf '%s' "$locks" | sed 's/[][*?\\]/\\&/g')
 
     # One walk. A sticky, world-writable directory is the usage spool: its own mode
-    # is right by definition and its contents are users' private records.
-    find "$root" \( -type d -perm -1007 -fprintf "$spools" '%p\0' -prune \) -o \( \
+    # is right by definition and its contents are users' private records. The lock
+    # directory is closed to others on purpose (checked above).
+    find "$root" \( -path "$locks_pattern" -prune \) -o \
+        \( -type d -perm -1007 -fprintf "$spools" '%p\0' -prune \) -o \( \
         \( -type f ! -perm -o=r -printf 'file-unreadable\t%m\t%p\0' \) , \
         \( -type f -perm /u=x ! -perm -o=x -printf 'file-noexec\t%m\t%p\0' \) , \
         \( -type d ! -perm -o=rx -printf 'dir-unreadable\t%m\t%p\0' \) , \
@@ -219,6 +238,8 @@ audit_tree() {
         return
     fi
     local entry name label
+    # The lock directory's entries are skipped like the spool's.
+    printf '%s\0' "$locks" >>"$spools"
     while IFS=$'\t' read -r kind path entry; do
         label=$kind
         [[ $kind == default-acl-* ]] && label=default-acl

@@ -321,13 +321,48 @@ def test_outsider_runs_every_read_only_command(install: Path, client_python: str
 
 
 def test_outsider_sees_a_build_in_progress(install: Path, client_python: str):
-    from rootstock.install.locking import FileLock
+    from rootstock.install.build import env_build_lock, write_build_owner
 
-    # Held here, as an install holds it; the outsider's probe must still see it.
-    with FileLock(install / ".locks" / "env-emt.lock", timeout=10):
-        args = ("status", "--json", "--root", install)
-        doc = json.loads(rootstock_as(OUTSIDER, client_python, *args).stdout)
+    # Begun here as an install begins one: the build lock, then the owner record in
+    # .build/. The outsider cannot open the lock file; the record tells it.
+    layout = InstallLayout(install, install)
+    with env_build_lock(layout, "emt"):
+        owner = write_build_owner(layout, "emt")
+        try:
+            args = ("status", "--json", "--root", install)
+            doc = json.loads(rootstock_as(OUTSIDER, client_python, *args).stdout)
+        finally:
+            owner.unlink()
     assert [env["state"] for env in doc["envs"] if env["name"] == "emt"] == ["building"]
+
+
+READ_LOCK = """
+import fcntl, json, os, sys
+outcome = {}
+for path in sys.argv[1:]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        outcome[path] = "held"
+    except OSError as exc:
+        outcome[path] = exc.strerror
+print(json.dumps(outcome))
+"""
+
+
+def test_only_maintainers_can_open_the_lock_files(install: Path, client_python: str):
+    """A read lock needs only read access and stalls every writer, so the outsider
+    cannot open a lock file at all; the second group member takes the locks and
+    writes the manifest."""
+    locks = sorted(str(p) for p in (install / ".locks").glob("*.lock"))
+    assert {Path(p).name for p in locks} >= {"manifest.lock", "root.lock", "env-emt.lock"}
+    proc = as_user(OUTSIDER, client_python, "-c", READ_LOCK, *locks)
+    assert set(json.loads(proc.stdout).values()) == {"Permission denied"}
+    assert stat.S_IMODE(os.stat(install / ".locks").st_mode) & 0o007 == 0
+    args = ("manifest", "init", "--root", install, "--cluster", "testbox", "--no-push")
+    rootstock_as(MEMBER, client_python, *args, timeout=120)
+    proc = as_user(MEMBER, client_python, "-c", READ_LOCK, *locks)
+    assert set(json.loads(proc.stdout).values()) == {"held"}
 
 
 # --- planted violations: each tool catches each kind ----------------------------------
@@ -377,10 +412,15 @@ def _plant(kind: str, root: Path) -> tuple[Path, str, str]:
     if kind == "no-setgid":
         os.chmod(root, 0o775)
         return root, "no-setgid", "dir-nosetgid"
+    if kind == "locks-open":
+        os.chmod(root / ".locks", 0o2775)  # what versions before private locks made
+        return root / ".locks", "locks-open", "locks-open"
     raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["ancestor", "file-0640", "mask-clamp", "user-acl", "no-setgid"])
+@pytest.mark.parametrize(
+    "kind", ["ancestor", "file-0640", "mask-clamp", "user-acl", "no-setgid", "locks-open"]
+)
 def test_both_checks_catch_a_planted_violation(tree: Path, client_python: str, kind: str):
     path, check_kind, audit_kind = _plant(kind, tree)
 

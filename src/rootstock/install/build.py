@@ -93,7 +93,16 @@ def root_lock(layout: InstallLayout, timeout: float = 120.0) -> FileLock:
 
     Held for seconds, never for a build.
     """
-    return FileLock(layout.locks_dir / "root.lock", timeout=timeout, what="install-root lock")
+    return FileLock(
+        layout.locks_dir / "root.lock", timeout=timeout, what="install-root lock", private=True
+    )
+
+
+def env_build_lock(layout: InstallLayout, name: str) -> FileLock:
+    """The lock one install of env ``name`` holds for its whole build (never waits)."""
+    return FileLock(
+        layout.locks_dir / f"env-{name}.lock", timeout=0, what=f"{name} build lock", private=True
+    )
 
 
 def collect_constraints(options: BuildOptions) -> list[str]:
@@ -208,15 +217,10 @@ def build_env(
     The result's staging directory and owner record stay until :func:`activate`
     moves it into ``envs/`` or :func:`discard_build` drops it.
     """
-    layout.build_dir.mkdir(parents=True, exist_ok=True)
-    build_id = f"{int(time.time())}-{secrets.token_hex(3)}"
-    staging = layout.build_dir / f"{env.name}.{build_id}"
+    owner = write_build_owner(layout, env.name)
+    staging = owner.with_name(owner.name.removesuffix(OWNER_SUFFIX))
+    build_id = staging.name.removeprefix(f"{env.name}.")
     work = layout.build_dir / f"{staging.name}{WORK_SUFFIX}"
-    # The owner record comes first, so no moment has staging that looks abandoned,
-    # and under the lock the sweep holds, so no sweep sees one half written.
-    owner = layout.build_dir / f"{staging.name}{OWNER_SUFFIX}"
-    with root_lock(layout):
-        atomic_write_json(owner, _owner_record(env.name))
 
     def beat(message: str) -> None:
         # Each step refreshes the record, which is how another host tells a slow
@@ -238,6 +242,49 @@ def build_env(
         shutil.rmtree(work, ignore_errors=True)
     result.owner = owner
     return result
+
+
+def write_build_owner(layout: InstallLayout, name: str) -> Path:
+    """Start a build of ``name``: write its owner record, ``.build/<name>.<id>.owner.json``.
+
+    The staging venv is that path without the suffix. The record comes before any
+    staging, so no moment has staging that looks abandoned, and it is written under
+    the root lock the sweep holds, so no sweep sees one half written.
+    """
+    layout.build_dir.mkdir(parents=True, exist_ok=True)
+    build_id = f"{int(time.time())}-{secrets.token_hex(3)}"
+    owner = layout.build_dir / f"{name}.{build_id}{OWNER_SUFFIX}"
+    with root_lock(layout):
+        atomic_write_json(owner, _owner_record(name))
+    return owner
+
+
+def building_envs(layout: InstallLayout) -> set[str]:
+    """The envs a live build is staging now, from the owner records in ``.build/``.
+
+    Lock-free and read-only, for a user who may not open the install's lock files:
+    a record is live while its owner runs (this host) or was refreshed within
+    :data:`FOREIGN_BUILD_STALE_S` (another host's build).
+    """
+    try:
+        owners = [
+            entry
+            for entry in layout.build_dir.iterdir()
+            if entry.name.endswith(OWNER_SUFFIX) and not entry.name.startswith(SWEPT_PREFIX)
+        ]
+    except OSError:
+        return set()
+    names = set()
+    for owner in owners:
+        base = owner.name.removesuffix(OWNER_SUFFIX)
+        if _build_is_live(layout.build_dir, base, [owner]):
+            try:
+                record = loads_json(owner.read_bytes())
+            except (OSError, ValueError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("env"), str):
+                names.add(record["env"])
+    return names
 
 
 def _build_into(

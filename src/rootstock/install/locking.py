@@ -8,6 +8,17 @@ mounted without ``flock`` or ``localflock``), the lock falls back to an atomic
 ``mkdir`` of ``<path>.d`` with the owner's host and pid written inside. That
 directory is broken as stale only when its owner is on this host and no longer
 alive, so the fallback never steals a live lock from another node.
+
+A POSIX read lock needs only read access to the file, and it conflicts with a
+writer's exclusive lock. So whoever can open a lock file can stall every writer
+that takes it: lock files never grant others any access, and a *private* lock
+(``FileLock(..., private=True)``, the install's ``.locks/``) also closes its
+directory to everyone but the install's owner and, where it may write, its group.
+Readers of an install never take these locks; they rely on atomic renames.
+
+A lock path that is not a regular file (a FIFO, a directory, a symbolic link) is
+refused with :class:`LockFileError`: it is opened with ``O_NOFOLLOW`` and
+``O_NONBLOCK``, so it can neither redirect the lock elsewhere nor hang the caller.
 """
 
 from __future__ import annotations
@@ -17,18 +28,32 @@ import errno
 import fcntl
 import json
 import os
+import pwd
 import shutil
 import socket
+import stat
+import struct
+import sys
 import threading
 import time
 from pathlib import Path
 from types import TracebackType
 
-from rootstock.errors import LockTimeout
+from rootstock.errors import LockTimeout, RootstockError
 from rootstock.install.parsing import loads_json
 
 _UNSUPPORTED = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP}
 _POLL_S = 0.05
+# O_NOFOLLOW: a symlink could point the lock anywhere; O_NONBLOCK: opening a FIFO
+# for reading would wait for a writer for ever.
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Linux's struct flock: l_type, l_whence, l_start, l_len, l_pid (F_GETLK's answer).
+_FLOCK = struct.Struct("@hhqqi")
+
+
+class LockFileError(RootstockError):
+    """A lock path that cannot be a lock: not a regular file, or not openable."""
+
 
 # POSIX record locks belong to the process, not the file descriptor: a second lock
 # on the same file from this process would "succeed", and closing any descriptor of
@@ -47,26 +72,36 @@ class FileLock:
     """An exclusive lock on ``path``, held for the ``with`` block.
 
     ``timeout`` is how long to wait for another holder before raising
-    :class:`~rootstock.errors.LockTimeout`; ``None`` waits forever.
+    :class:`~rootstock.errors.LockTimeout`, which names the holder's pid where the
+    filesystem reports it; ``None`` waits forever. ``private`` marks a lock of the
+    install's own lock directory: that directory is created, or kept, with no
+    access for others (see the module docstring).
     """
 
-    def __init__(self, path: Path, timeout: float | None = 60.0, what: str = "lock") -> None:
+    def __init__(
+        self,
+        path: Path,
+        timeout: float | None = 60.0,
+        what: str = "lock",
+        private: bool = False,
+    ) -> None:
         self.path = Path(path)
         self.timeout = timeout
         self.what = what
+        self.private = private
         self._fd: int | None = None
         self._dir: Path | None = None
 
     def acquire(self, blocking: bool = True) -> bool:
         """Take the lock; with ``blocking=False`` return False instead of waiting."""
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._prepare_directory()
         local = _process_lock(self.path)
         wait = -1 if deadline is None else max(0.0, deadline - time.monotonic())
         if not local.acquire(blocking, wait if blocking else -1):
             if not blocking:
                 return False
-            raise self._timeout_error()
+            raise self._timeout_error(f"pid {os.getpid()} (this process, another thread)")
         try:
             taken = self._acquire_os(blocking, deadline)
         except BaseException:
@@ -76,8 +111,62 @@ class FileLock:
             local.release()
         return taken
 
+    def _prepare_directory(self) -> None:
+        directory = self.path.parent
+        try:
+            directory.mkdir(mode=0o770 if self.private else 0o777, parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise LockFileError(
+                f"the lock directory {directory} is not a directory",
+                hint=f"remove it (`rm {directory}`); rootstock creates it again",
+            ) from None
+        except OSError as exc:
+            raise LockFileError(
+                f"cannot create the lock directory {directory}: {exc.strerror or exc}",
+                hint="only the install's maintainers take its locks; "
+                "`rootstock check-perms` shows what is wrong",
+            ) from None
+        if self.private:
+            close_lock_directory(directory)
+
+    def _open(self) -> int:
+        """The lock file, opened for writing (and created), checked to be a regular file."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _OPEN_FLAGS, 0o660)
+        except OSError as exc:
+            raise self._open_error(exc) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._not_regular(_file_kind(st.st_mode))
+            _close_lock_file(fd, st, self.path.parent)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_error(self, exc: OSError) -> LockFileError:
+        if exc.errno == errno.ELOOP:
+            return self._not_regular("a symbolic link")
+        if exc.errno == errno.EISDIR:
+            return self._not_regular("a directory")
+        if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
+            return self._not_regular("a special file")
+        return LockFileError(
+            f"cannot open the {self.what} file {self.path}: {exc.strerror or exc}",
+            hint="only the install's maintainers take its locks; "
+            "`rootstock check-perms` shows what is wrong",
+        )
+
+    def _not_regular(self, kind: str) -> LockFileError:
+        return LockFileError(
+            f"the {self.what} file {self.path} is not a regular file ({kind})",
+            hint=f"remove it (`rm {self.path}`, or `rmdir` for a directory) once no "
+            "rootstock command runs; it is created again as an empty file",
+        )
+
     def _acquire_os(self, blocking: bool, deadline: float | None) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = self._open()
         while True:
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -91,10 +180,11 @@ class FileLock:
                     os.close(fd)
                     raise
             if not blocking or (deadline is not None and time.monotonic() > deadline):
+                pid = _record_lock_holder(fd) if blocking else None
                 os.close(fd)
                 if not blocking:
                     return False
-                raise self._timeout_error()
+                raise self._timeout_error(_describe_pid(pid), pid)
             time.sleep(_POLL_S)
 
     def _acquire_dir(self, blocking: bool, deadline: float | None) -> bool:
@@ -125,7 +215,7 @@ class FileLock:
             if not blocking:
                 return False
             if deadline is not None and time.monotonic() > deadline:
-                raise self._timeout_error()
+                raise self._timeout_error(*_describe_owner(holder))
             time.sleep(_POLL_S)
 
     def release(self) -> None:
@@ -143,11 +233,32 @@ class FileLock:
         if held:
             _process_lock(self.path).release()
 
-    def _timeout_error(self) -> LockTimeout:
-        return LockTimeout(
-            f"timed out after {self.timeout:.0f} s waiting for the {self.what} ({self.path})",
-            hint="another rootstock process holds it; wait for it to finish, then retry",
-        )
+    def holder(self) -> str | None:
+        """Who holds this lock now (``pid N (user U: command)``), as a timeout names
+        it; None when it is free, held in this process, or the holder cannot be told."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | _OPEN_FLAGS)
+        except OSError:
+            return _describe_owner(_read_owner(self.path.with_name(self.path.name + ".d")))[0]
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return _describe_pid(_record_lock_holder(fd))
+        finally:
+            os.close(fd)
+
+    def _timeout_error(self, holder: str | None = None, pid: int | None = None) -> LockTimeout:
+        """The timeout, naming ``holder`` when known; ``pid``: one ``ps`` can show."""
+        message = f"timed out after {self.timeout:g} s waiting for the {self.what} ({self.path})"
+        hint = "another rootstock process holds it; wait for it to finish, then retry"
+        if holder is not None:
+            message += f": it is held by {holder}"
+        if pid is not None:
+            hint = (
+                f"see what holds it (`ps -o user,etime,args -p {pid}` on the host that "
+                "runs it); wait for it to finish, or stop it, then retry"
+            )
+        return LockTimeout(message, hint=hint)
 
     def __enter__(self) -> FileLock:
         self.acquire()
@@ -162,29 +273,151 @@ class FileLock:
         self.release()
 
 
-def is_locked(path: Path) -> bool:
-    """True when another process holds the lock on ``path`` right now.
+def close_lock_directory(directory: Path) -> None:
+    """Take every access to ``directory`` away from others (and from its group,
+    unless the group may write it), when this user owns it; else leave it be.
 
-    Read-only, so ``status`` works for a user who may not write the install: the
-    lock file is opened for reading (never created) and probed with a *shared*
-    record lock, which an exclusive holder refuses and which needs no write
-    access. A lock file this user cannot open at all reads as not held: the
-    probe is a hint for display, and guessing "held" would show every env of an
-    unreadable install as ``building``.
+    A lock directory an older version made world-searchable is closed by its owner's
+    next lock. One owned by someone else stays as it is: ``check-perms`` reports it.
+    """
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    wanted = _private_mode(mode, group_writes=bool(mode & stat.S_IWGRP))
+    if wanted != mode and st.st_uid == os.geteuid():
+        with contextlib.suppress(OSError):
+            os.chmod(directory, wanted)
+
+
+def _private_mode(mode: int, group_writes: bool) -> int:
+    """``mode`` without the others' bits, and without the group's unless it writes."""
+    mode &= ~0o007
+    return mode if group_writes else mode & ~0o070
+
+
+def _close_lock_file(fd: int, st: os.stat_result, directory: Path) -> None:
+    """Give others no access to a lock file this user owns (nor the group, where the
+    group may not write the directory): a read lock needs only read access."""
+    if st.st_uid != os.geteuid():
+        return
+    try:
+        group_writes = bool(os.stat(directory).st_mode & stat.S_IWGRP)
+    except OSError:
+        group_writes = False
+    mode = stat.S_IMODE(st.st_mode)
+    wanted = _private_mode(mode, group_writes)
+    if wanted != mode:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, wanted)
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device or other special file"
+
+
+def _record_lock_holder(fd: int) -> int | None:
+    """The pid of a process whose record lock conflicts with an exclusive one on
+    ``fd`` (``F_GETLK``); None if there is none or it cannot be told.
+
+    Local filesystems report the holder's pid. Over NFS the pid may be another
+    node's, or 0; Linux's ``struct flock`` layout is the only one decoded.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    query = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    query += bytes(-len(query) % 8)  # the struct's trailing padding
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, query)
+    except OSError:
+        return None
+    kind, _whence, _start, _length, pid = _FLOCK.unpack_from(answer)
+    if kind == fcntl.F_UNLCK or pid <= 0:
+        return None
+    return pid
+
+
+def _describe_pid(pid: int | None) -> str | None:
+    """``pid N (user U: command)`` for a local process, what /proc lets this user see."""
+    if pid is None:
+        return None
+    proc = Path(f"/proc/{pid}")
+    if not proc.is_dir():
+        return f"pid {pid} (no such process on this host: on a shared filesystem, another node's)"
+    details = []
+    try:
+        uid_line = next(
+            line for line in (proc / "status").read_text().splitlines() if line.startswith("Uid:")
+        )
+        uid = int(uid_line.split()[1])
+        try:
+            details.append(f"user {pwd.getpwuid(uid).pw_name}")
+        except KeyError:
+            details.append(f"uid {uid}")
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    try:
+        args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        if args.strip():
+            details.append(args.strip()[:120])
+    except OSError:
+        pass
+    return f"pid {pid}" + (f" ({': '.join(details)})" if details else "")
+
+
+def _describe_owner(owner: object) -> tuple[str | None, int | None]:
+    """The mkdir fallback's holder from its owner record, and its pid."""
+    if not isinstance(owner, dict):
+        return None, None
+    try:
+        pid = int(owner["pid"])
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None, None
+    host = owner.get("host")
+    if host == socket.gethostname():
+        return _describe_pid(pid), pid
+    return f"pid {pid} on host {host}", pid
+
+
+def is_locked(path: Path) -> bool:
+    """True when another process holds the lock on ``path`` right now (see
+    :func:`probe_lock`; a lock this user cannot probe reads as not held)."""
+    return probe_lock(path) is True
+
+
+def probe_lock(path: Path) -> bool | None:
+    """Whether the lock on ``path`` is held right now; None when this user cannot tell.
+
+    Read-only: the lock file is opened for reading (never created) and probed with
+    a *shared* record lock, which an exclusive holder refuses and which is dropped
+    at once. None for a lock file this user may not open (an install's lock files
+    are its maintainers' alone) and for one that is not a regular file; the caller
+    decides what that means (``status`` looks at the build records instead).
     """
     path = Path(path)
     if _process_lock(path).locked():
         return True
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | _OPEN_FLAGS)
+    except FileNotFoundError:
         return _dir_lock_is_held(path)
+    except OSError:
+        return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as exc:
         if exc.errno in _UNSUPPORTED:
             return _dir_lock_is_held(path)
-        return exc.errno in (errno.EACCES, errno.EAGAIN)
+        return True if exc.errno in (errno.EACCES, errno.EAGAIN) else None
     finally:
         # Closing drops the probe's shared lock (and only this process's locks,
         # of which there are none on this file: the thread-lock check above).

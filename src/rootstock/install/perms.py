@@ -272,6 +272,12 @@ def build_recipe(
         )
     for path in dirs:
         commands.add("mode", "chmod", DIR_MODE, "--", str(path), why="setgid, after the ACLs")
+    if layout.locks_dir.is_dir():
+        # Whoever can open a lock file can stall every maintainer's write with a read
+        # lock: the lock directory is the maintainers' alone (the retrofit opened it).
+        commands.add(
+            "mode", "chmod", "-R", "o-rwx", "--", str(layout.locks_dir), why="private locks"
+        )
     if spool is not None:
         commands.add("mode", "chmod", SPOOL_MODE, "--", str(spool), why="the 1777 spool")
     if no_usage_spool:

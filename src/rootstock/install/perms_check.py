@@ -15,7 +15,11 @@ for a login node and for every ``rootstock install``. Two scopes:
 Problem kinds (stable; ``check-perms --json`` reports them): ``missing``,
 ``ancestor-traverse``, ``not-world-readable``, ``no-setgid``, ``wrong-group``,
 ``no-group-acl``, ``no-default-acl``, ``mask-clamp``, ``user-acl``,
-``acl-unsupported``, ``spool`` and ``interpreter``.
+``acl-unsupported``, ``spool``, ``interpreter`` and ``locks-open``.
+
+The one directory others must *not* reach is the install's lock directory
+(``.locks``): a read lock needs only read access, so anyone who could open a lock
+file could stall every maintainer's write (``locks-open``, in both scopes).
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ def check_perms(layout: InstallLayout, group: str | None = None, full: bool = Tr
             check.ancestors(root)
     for root in roots:
         check.shared_dir(root, required=True)
+    check.private_locks(layout.locks_dir)
     check.shared_dir(layout.uv_cache_dir, required=False)
     if full and layout.root.is_dir():
         _check_contents(check, layout)
@@ -190,6 +195,19 @@ class _Checker:
             return
         self._acl(path, access, default=False)
         self._acl(path, default, default=True)
+
+    def private_locks(self, path: Path) -> None:
+        """The lock directory: no access at all for others."""
+        st = self.stat(path)
+        if st is None or not stat.S_ISDIR(st.st_mode) or not st.st_mode & 0o007:
+            return
+        self.add(
+            "locks-open",
+            path,
+            f"others can open the install's lock files (mode {_mode(st)}): a read lock "
+            "on one stalls every maintainer's write",
+            f"chmod -R o-rwx {path}  (as its owner, whose next install or add does it too)",
+        )
 
     def _acl(self, path: Path, acl: Acl | None, default: bool) -> None:
         flag, what = ("-d ", "default ACL") if default else ("", "ACL")

@@ -16,6 +16,7 @@ from rootstock.install.build import (
     build_env,
     claim_stale_staging,
     discard_build,
+    env_build_lock,
     remove_claimed,
     root_lock,
 )
@@ -27,7 +28,6 @@ from rootstock.install.interpreters import (
     probe_interpreter,
 )
 from rootstock.install.layout import InstallLayout, read_layout, write_layout
-from rootstock.install.locking import FileLock
 from rootstock.install.perms import maintainer_umask
 from rootstock.install.plan import InstallPlan, plan_files
 
@@ -231,10 +231,12 @@ def install_one(
             f"env {name!r} is already installed from a different source",
             hint=f"pass --force to rebuild it from {path}",
         )
-    env_lock = FileLock(layout.locks_dir / f"env-{name}.lock", timeout=0, what=f"{name} build lock")
+    env_lock = env_build_lock(layout, name)
     if not env_lock.acquire(blocking=False):
+        holder = env_lock.holder()
         raise LockTimeout(
-            f"another `rootstock install` of {name!r} is running",
+            f"another `rootstock install` of {name!r} is running"
+            + (f" ({holder})" if holder else ""),
             hint="wait for it to finish, then retry",
         )
     try:

@@ -14,10 +14,11 @@ import os
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
+from rootstock.install.build import building_envs
 from rootstock.install.envfile import EnvFile, is_custom_id, source_hash
 from rootstock.install.envs import BrokenEnv, read_env_metadata, scan_installed_envs
 from rootstock.install.layout import InstallLayout
-from rootstock.install.locking import is_locked
+from rootstock.install.locking import probe_lock
 from rootstock.install.manifest import Manifest, checkpoint_state, load_manifest, served_clusters
 
 
@@ -78,8 +79,15 @@ def directory_size(path: Path) -> int:
 
 
 def build_state(layout: InstallLayout, name: str, built: bool) -> str:
-    """``built``, ``building`` (an install holds its lock) or ``not built``."""
-    if is_locked(layout.locks_dir / f"env-{name}.lock"):
+    """``built``, ``building`` (an install holds its lock) or ``not built``.
+
+    The lock files are the maintainers' alone (a read lock would stall their
+    writes); for anyone else a live build's owner record in ``.build/`` tells.
+    """
+    held = probe_lock(layout.locks_dir / f"env-{name}.lock")
+    if held is None:
+        held = name in building_envs(layout)
+    if held:
         return "building"
     return "built" if built else "not built"
 

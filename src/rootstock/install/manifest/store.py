@@ -101,7 +101,7 @@ def update_manifest(
     seconds of waiting.
     """
     path = layout.manifest_file
-    with FileLock(manifest_lock_path(layout), timeout=timeout, what="manifest lock"):
+    with FileLock(manifest_lock_path(layout), timeout, "manifest lock", private=True):
         refuse_linked_manifest(path)
         _remove_orphaned_temp_files(path)
         data, raw = _read(path)
@@ -222,7 +222,7 @@ def ensure_manifest(
 
         served = update_manifest(layout, add_clusters, timeout)
         return ManifestInit(created=not existed, clusters=served)
-    with FileLock(manifest_lock_path(layout), timeout=timeout, what="manifest lock"):
+    with FileLock(manifest_lock_path(layout), timeout, "manifest lock", private=True):
         refuse_linked_manifest(path)
         backup = None
         try:
