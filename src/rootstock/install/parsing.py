@@ -264,3 +264,70 @@ def _finite_float(text: str) -> float:
 
 def _too_deep(max_depth: int) -> str:
     return f"nested deeper than {max_depth} levels"
+
+
+# --- files someone else could have swapped -------------------------------------------
+
+
+class NotRegularFile(ParseProblem):
+    """A path that holds something other than a regular file: a FIFO, a link, a directory.
+
+    ``kind`` says what it is and ``fix`` is the command that clears it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], kind: str) -> None:
+        super().__init__(f"it is {kind}, not a regular file")
+        self.path = os.fspath(path)
+        self.kind = kind
+
+    @property
+    def fix(self) -> str:
+        """``rm PATH`` (``rm -r`` for a directory)."""
+        return f"rm -r {self.path}" if self.kind == "a directory" else f"rm {self.path}"
+
+
+def open_regular_file(
+    path: str | os.PathLike[str],
+    flags: int = os.O_RDONLY,
+    mode: int = 0o600,
+    *,
+    follow_symlinks: bool = False,
+) -> int:
+    """A descriptor of ``path`` (``os.open`` ``flags``), only if it is a regular file.
+
+    What is there is checked before the open (opening a device can act on it), the
+    open never blocks (a FIFO without a writer would wait forever) nor follows a
+    link unless ``follow_symlinks``, and the open file is checked again, in case the
+    name was swapped in between. The descriptor is in blocking mode. Raises
+    :class:`NotRegularFile`, or the ``OSError`` of the open (``FileNotFoundError``
+    for a missing file without ``O_CREAT``).
+    """
+    try:
+        _require_regular(path, os.stat(path, follow_symlinks=follow_symlinks).st_mode)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    extra = os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags | extra, mode)
+    except OSError as exc:
+        # Swapped since the stat (ELOOP, EISDIR and ENXIO say so): name what is there.
+        try:
+            now = os.stat(path, follow_symlinks=follow_symlinks).st_mode
+        except OSError:
+            raise exc from None
+        _require_regular(path, now)
+        raise
+    try:
+        _require_regular(path, os.fstat(fd).st_mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _require_regular(path: str | os.PathLike[str], mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    raise NotRegularFile(path, "a symbolic link" if stat.S_ISLNK(mode) else _file_kind(mode))

@@ -10,6 +10,7 @@ listed as gone and its files are removed.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from rootstock.errors import UsageError, WorkerTimeout
 from rootstock.runtime.pool import DEFAULT_IDLE_TIMEOUT
 from rootstock.runtime.pool_client import clean_if_dead, ensure_daemon
 from rootstock.runtime.pool_dir import (
+    PoolFileError,
     PoolFiles,
     daemon_alive,
     ensure_pool_dir,
@@ -28,6 +30,8 @@ from rootstock.runtime.pool_dir import (
 )
 from rootstock.runtime.spec import WorkerOptions, resolve_worker_spec
 from rootstock.runtime.worker_key import worker_key
+
+log = logging.getLogger("rootstock.runtime")
 
 #: The ``--json`` shape's version (docs/cli.md, "rootstock workers").
 WORKERS_SCHEMA = 1
@@ -78,14 +82,21 @@ def _record(state: dict[str, Any]) -> PooledWorker:
 
 
 def list_workers() -> list[PooledWorker]:
-    """The live pooled workers, oldest first; dead daemons' files are cleaned up."""
+    """The live pooled workers, oldest first; dead daemons' files are cleaned up.
+
+    A file that is in the way of that clean-up is reported (a warning with the fix),
+    and the listing goes on.
+    """
     directory = ensure_pool_dir()
     alive = []
     for state in read_states(directory):
         if daemon_alive(state):
             alive.append(_record(state))
-        else:
+            continue
+        try:
             clean_if_dead(PoolFiles(directory, str(state.get("id", ""))))
+        except PoolFileError as exc:
+            log.warning("could not clean up after a stopped worker: %s", exc)
     return alive
 
 

@@ -33,9 +33,11 @@ from rootstock.errors import (
 )
 from rootstock.runtime.pool import DEFAULT_IDLE_TIMEOUT
 from rootstock.runtime.pool_dir import (
+    PoolFileError,
     PoolFiles,
     daemon_alive,
     ensure_pool_dir,
+    open_pool_file,
     read_json,
 )
 from rootstock.runtime.protocol import EXIT, READY, STATUS, ErrorReply, FrameStream, PeerClosed
@@ -110,7 +112,7 @@ def daemon_info(files: PoolFiles) -> DaemonInfo:
 
 @contextlib.contextmanager
 def _start_lock(files: PoolFiles, deadline: float | None) -> Any:
-    fd = os.open(files.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = open_pool_file(files.lock, os.O_RDWR | os.O_CREAT)
     try:
         while True:
             try:
@@ -147,7 +149,7 @@ def _spawn_daemon(
         "--startup-timeout",
         repr(float(timeout or 0.0)),
     ]
-    log_fd = os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+    log_fd = open_pool_file(files.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
     try:
         # Detached: it outlives this process, and holds none of its lifelines
         # (close_fds), so only its own worker is tied to it.
@@ -165,10 +167,10 @@ def _spawn_daemon(
 
 def _log_tail(files: PoolFiles, max_bytes: int = 4096) -> str:
     try:
-        with open(files.log, "rb") as fh:
+        with os.fdopen(open_pool_file(files.log, os.O_RDONLY), "rb") as fh:
             fh.seek(max(fh.seek(0, os.SEEK_END) - max_bytes, 0))
             return fh.read().decode("utf-8", "replace")
-    except OSError:
+    except (OSError, PoolFileError):
         return ""
 
 
@@ -278,7 +280,7 @@ def clean_if_dead(files: PoolFiles) -> bool:
     progress), and only after the state is read again there, so the files of a
     daemon being started are never removed.
     """
-    fd = os.open(files.lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fd = open_pool_file(files.lock, os.O_RDWR | os.O_CREAT)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

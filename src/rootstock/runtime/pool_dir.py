@@ -13,12 +13,19 @@ directory holds ``<digest>.sock`` (the daemon's socket, 0600), ``<digest>.json``
 (its state, written aside and renamed), ``<digest>.lock`` (the start lock),
 ``<digest>.log`` (the daemon's own output) and, when the worker failed ``setup()``,
 ``<digest>.error.json`` (the worker's ERROR, for the client that started it).
+
+Only regular files are used there. Anything else in one of those names (a FIFO
+would hang a plain ``open()``, a link could point anywhere) is skipped with a
+warning where it is read, and refused with :class:`PoolFileError` where a file must
+be made or removed; both name the path, what is there, and the ``rm`` that clears it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import stat
 import time
@@ -26,14 +33,38 @@ from pathlib import Path
 from typing import Any
 
 from rootstock.errors import RootstockError
-from rootstock.install.parsing import ParseProblem, loads_json
+from rootstock.install.parsing import NotRegularFile, ParseProblem, loads_json, open_regular_file
 from rootstock.runtime.server import owner_is_gone
+
+log = logging.getLogger("rootstock.runtime")
 
 POOL_DIR_NAME = "rootstock"
 STATE_SCHEMA = 1
 # sun_path holds 108 bytes on Linux (104 on macOS); "<16 hex>.sock" must fit under it.
 _MAX_SOCKET_PATH = 100
 _SOCKET_NAME_LEN = len("0123456789abcdef.sock") + 1
+# A state or error file holds a few hundred bytes.
+_MAX_JSON_BYTES = 1 << 20
+
+
+class PoolFileError(RootstockError):
+    """A name in the pool directory holds something other than a regular file."""
+
+    def __init__(self, problem: NotRegularFile) -> None:
+        super().__init__(
+            f"{problem.path} in the pool directory is {problem.kind}, not a regular file",
+            hint=f"remove it ({problem.fix}); rootstock makes the file again when it needs it",
+        )
+        self.path = problem.path
+
+
+def open_pool_file(path: Path, flags: int) -> int:
+    """A descriptor of the pool file ``path`` (made 0600 with ``O_CREAT``), only if it
+    is a regular file; :class:`PoolFileError` otherwise."""
+    try:
+        return open_regular_file(path, flags, 0o600)
+    except NotRegularFile as exc:
+        raise PoolFileError(exc) from None
 
 
 def fallback_pool_dir(uid: int | None = None) -> Path:
@@ -110,10 +141,20 @@ class PoolFiles:
         self.error = directory / f"{digest}.error.json"
 
     def remove_leftovers(self) -> None:
-        """Remove the socket, state and error files a dead daemon left behind."""
+        """Remove the socket, state and error files a dead daemon left behind.
+
+        A link or a FIFO in one of their names goes too; a directory is refused
+        (:class:`PoolFileError`): it is nobody's leftover, and is not ours to delete.
+        """
         for path in (self.socket, self.state, self.error):
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 path.unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno not in (errno.EISDIR, errno.EPERM) or not path.is_dir():
+                    raise
+                raise PoolFileError(NotRegularFile(path, "a directory")) from None
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -126,11 +167,16 @@ def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A JSON object from ``path``, or None when it is missing or unreadable."""
+    """A JSON object from ``path``, or None when it is missing or unreadable.
+
+    Anything but a regular file is skipped with a warning that says how to clear it.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, encoding="utf-8") as fh:
-            value = loads_json(fh.read(1 << 20))
+        with os.fdopen(open_regular_file(path), "rb") as fh:
+            value = loads_json(fh.read(_MAX_JSON_BYTES + 1))
+    except NotRegularFile as exc:
+        log.warning("skipped %s in the pool directory: %s (remove it: %s)", path, exc, exc.fix)
+        return None
     except (OSError, ParseProblem, ValueError):
         return None
     return value if isinstance(value, dict) else None

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rootstock.errors import ProtocolError, WorkerTimeout
-from rootstock.install.parsing import loads_json
+from rootstock.install.parsing import NotRegularFile, loads_json, open_regular_file
 
 log = logging.getLogger("rootstock.runtime")
 
@@ -60,11 +60,14 @@ def runtime_base_dir() -> Path:
     return Path(tempfile.gettempdir())
 
 
-def make_private_dir(prefix: str = RUN_DIR_PREFIX) -> Path:
+def make_private_dir(prefix: str = RUN_DIR_PREFIX, base: Path | None = None) -> Path:
     """A fresh 0700 directory whose socket path fits in ``sun_path``, with its owner
     recorded; dead owners' run directories next to it are swept first (all of
-    rootstock's prefixes start with ``rootstock-``, which the sweep looks for)."""
-    base = runtime_base_dir()
+    rootstock's prefixes start with ``rootstock-``, which the sweep looks for).
+
+    It is made in ``base``, by default :func:`runtime_base_dir`.
+    """
+    base = runtime_base_dir() if base is None else base
     # The maker's pid tags the name (see _unrecorded_maker_is_gone).
     prefix = f"{prefix}{os.getpid()}-"
     # mkdtemp adds 8 random characters; leave room for "/worker.sock".
@@ -209,9 +212,12 @@ def sweep_dead_run_dirs(base: Path) -> list[Path]:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
             continue
         try:
-            fd = os.open(path / OWNER_FILE, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, encoding="utf-8") as fh:
+            with os.fdopen(open_regular_file(path / OWNER_FILE), "rb") as fh:
                 record = loads_json(fh.read(4096))
+        except NotRegularFile as exc:
+            # Not judged, so not removed; a hand-made mess only its user can clear.
+            log.warning("skipped %s: %s (remove it: %s)", path / OWNER_FILE, exc, exc.fix)
+            continue
         except FileNotFoundError:
             # Still being made (fresh), or its maker died before the record.
             if _unrecorded_maker_is_gone(name, st.st_mtime):

@@ -23,6 +23,7 @@ moments, even in the middle of a calculation.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rootstock.errors import EnvNotFound
-from rootstock.install.parsing import ParseProblem, loads_json
+from rootstock.install.parsing import NotRegularFile, ParseProblem, loads_json, open_regular_file
 from rootstock.runtime.lifeline import LIFELINE_ENV, Lifeline
 from rootstock.runtime.protocol import DOWNLOAD_RESULT_ENV
 from rootstock.runtime.server import can_create_files, is_private_dir, make_private_dir
@@ -86,6 +87,11 @@ COMPILER_CACHE_VARS = {
 }
 
 HF_TOKEN_FILES = ("~/.hf_token", "~/.cache/huggingface/token")
+# A token is a few dozen characters; the download result a list of paths.
+_MAX_TOKEN_BYTES = 1 << 16
+_MAX_DOWNLOAD_RESULT_BYTES = 1 << 20
+#: The prefix of the compiler-cache directory of last resort (see compiler_cache_dir).
+LAST_RESORT_CACHE_PREFIX = "rootstock-cc-"
 
 
 def real_home(environ: Mapping[str, str] | None = None) -> Path:
@@ -112,7 +118,11 @@ def find_hf_token(environ: dict[str, str], home: Path) -> tuple[str | None, str 
     candidates += [home / name.removeprefix("~/") for name in HF_TOKEN_FILES]
     for path in candidates:
         try:
-            token = path.read_text(encoding="utf-8").strip()
+            with os.fdopen(open_regular_file(path, follow_symlinks=True), "rb") as fh:
+                token = fh.read(_MAX_TOKEN_BYTES).decode("utf-8").strip()
+        except NotRegularFile as exc:
+            log.warning("skipped the token file %s: %s (remove it: %s)", path, exc, exc.fix)
+            continue
         except (OSError, UnicodeDecodeError):
             continue
         if token:
@@ -150,6 +160,10 @@ def compiler_cache_dir(environ: dict[str, str], layout: InstallLayout) -> Path:
     user; else (someone else holds that name, or it is not 0700) a fresh private
     directory, one per process. Each is used only if it is a real directory we own
     with mode 0700, and a file can really be created in it.
+
+    The fresh one (``rootstock-cc-<pid>-XXXXXXXX``) lives only as long as its
+    process: it is removed at exit, and it records its owner like a run directory,
+    so the next rootstock process sweeps it if this one is killed first.
     """
     global _last_resort_cache
     shared = [layout.root, layout.cache_root]
@@ -161,13 +175,20 @@ def compiler_cache_dir(environ: dict[str, str], layout: InstallLayout) -> Path:
     if _usable_cache_dir(fallback, parents=False):
         return fallback
     if _last_resort_cache is None or not is_private_dir(_last_resort_cache):
-        _last_resort_cache = Path(tempfile.mkdtemp(prefix="rootstock-cc-"))
+        _last_resort_cache = make_private_dir(LAST_RESORT_CACHE_PREFIX, base=fallback.parent)
+        atexit.register(_remove_last_resort_cache, _last_resort_cache, os.getpid())
         log.warning(
             "%s is not a private directory of yours; compiler caches go to %s for now",
             fallback,
             _last_resort_cache,
         )
     return _last_resort_cache
+
+
+def _remove_last_resort_cache(path: Path, maker: int) -> None:
+    # A forked child inherits the exit hook, not the directory: the maker removes it.
+    if os.getpid() == maker:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def worker_environment(
@@ -283,12 +304,19 @@ class WorkerProcess:
         """The last lines the worker wrote in this run, or a note on where they went."""
         if self.log_path is None:
             return f"(worker output went to {self.output})"
+        # A log the user named may be a link; one in our run dir never is.
+        named = self.output != "capture"
         try:
-            with open(self.log_path, "rb") as fh:
+            with os.fdopen(open_regular_file(self.log_path, follow_symlinks=named), "rb") as fh:
                 size = fh.seek(0, os.SEEK_END)
                 start = max(self.log_offset, size - max_bytes)
                 fh.seek(start)
                 data = fh.read()
+        except NotRegularFile as exc:
+            return (
+                f"(could not read the worker output at {self.log_path}: {exc}; "
+                f"remove it: {exc.fix})"
+            )
         except OSError as exc:
             return f"(could not read the worker output at {self.log_path}: {exc})"
         lines = data.decode("utf-8", "replace").splitlines()
@@ -510,7 +538,8 @@ def _read_download_result(path: Path) -> list[str]:
     """The paths a download worker wrote to ``path``: [] when none (an older worker), or
     when the file is not a JSON list of strings (logged: the download itself worked)."""
     try:
-        value = loads_json(path.read_bytes())
+        with os.fdopen(open_regular_file(path), "rb") as fh:
+            value = loads_json(fh.read(_MAX_DOWNLOAD_RESULT_BYTES + 1))
     except FileNotFoundError:
         return []
     except (OSError, ParseProblem) as exc:
