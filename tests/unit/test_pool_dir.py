@@ -23,6 +23,7 @@ from rootstock.runtime.pool_dir import (
 from rootstock.runtime.pool_relay import (
     BATCH,
     BATCHREADY,
+    ReplyBound,
     read_client_frame,
     read_worker_reply,
 )
@@ -129,8 +130,23 @@ def test_the_relay_reads_whole_frames_byte_for_byte():
     error = encode_error("ValueError", "bad", "tb", "calculate")
     ready = BATCHREADY + (3).to_bytes(4, "little") + b"abc"
     stream, peer = _stream_with(reply + error + ready)
-    assert [read_worker_reply(stream).data for _ in range(3)] == [reply, error, ready]
+    bounds = [ReplyBound(natoms=2), ReplyBound(natoms=2), ReplyBound(items=1, atoms=2)]
+    assert [read_worker_reply(stream, bound).data for bound in bounds] == [reply, error, ready]
     peer.close()
+
+
+def test_the_relay_refuses_a_reply_that_does_not_fit_its_request():
+    reply = encode_forceready(-1.5, np.ones((2, 3)), np.eye(3), b"{}")
+    ready = BATCHREADY + (3).to_bytes(4, "little") + b"abc"
+    for data, bound, words in [
+        (reply, ReplyBound(natoms=3), "declares 2 atoms, but the request had 3"),
+        (reply, ReplyBound(items=1, atoms=2), "answered a BATCH with FORCEREADY"),
+        (ready, ReplyBound(natoms=2), "answered GETFORCE with BATCHREADY"),
+    ]:
+        stream, peer = _stream_with(data)
+        with pytest.raises(ProtocolError, match=words):
+            read_worker_reply(stream, bound)
+        peer.close()
 
 
 def test_the_relay_refuses_frames_a_client_may_not_send_and_bad_lengths():

@@ -21,8 +21,9 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rootstock.errors import (
     ProtocolError,
@@ -31,7 +32,7 @@ from rootstock.errors import (
     WorkerError,
     WorkerTimeout,
 )
-from rootstock.runtime.pool import DEFAULT_IDLE_TIMEOUT
+from rootstock.runtime.pool import DEFAULT_IDLE_TIMEOUT, START_MARK
 from rootstock.runtime.pool_dir import (
     PoolFileError,
     PoolFiles,
@@ -40,6 +41,7 @@ from rootstock.runtime.pool_dir import (
     open_pool_file,
     read_json,
 )
+from rootstock.runtime.pool_relay import RELAY_VERSION, encode_deadline
 from rootstock.runtime.protocol import EXIT, READY, STATUS, ErrorReply, FrameStream, PeerClosed
 from rootstock.runtime.server import peer_uid
 from rootstock.runtime.session import WorkerSession
@@ -47,6 +49,11 @@ from rootstock.runtime.spec import WorkerSpec
 from rootstock.runtime.worker_key import WorkerKey
 
 POLL_S = 0.05
+# A pooled call waits this long past its timeout for the daemon's own verdict
+# (the daemon enforces the caller's timeout and says what it did).
+VERDICT_GRACE_S = 10.0
+
+_Reply = TypeVar("_Reply")
 # A daemon that answers STATUS slower than this is not ready (or not a daemon).
 HANDSHAKE_S = 10.0
 DAEMON_MODULE = "rootstock.runtime.pool"
@@ -166,12 +173,17 @@ def _spawn_daemon(
 
 
 def _log_tail(files: PoolFiles, max_bytes: int = 4096) -> str:
+    """The end of the key's log, from the last daemon's start on (never an earlier one's)."""
     try:
         with os.fdopen(open_pool_file(files.log, os.O_RDONLY), "rb") as fh:
             fh.seek(max(fh.seek(0, os.SEEK_END) - max_bytes, 0))
-            return fh.read().decode("utf-8", "replace")
+            text = fh.read().decode("utf-8", "replace")
     except (OSError, PoolFileError):
         return ""
+    start = text.rfind(START_MARK)
+    if start < 0:
+        return text
+    return text[text.rfind("\n", 0, start) + 1 :]
 
 
 def _setup_failure(spec: WorkerSpec, files: PoolFiles) -> WorkerError | None:
@@ -180,6 +192,20 @@ def _setup_failure(spec: WorkerSpec, files: PoolFiles) -> WorkerError | None:
         return None
     with contextlib.suppress(FileNotFoundError):
         files.error.unlink()
+    kind = data.get("type")
+    if kind == "WorkerDiedError":
+        # The worker died while loading the model: its own exit status and output.
+        code = data.get("exit_code")
+        return WorkerDiedError(
+            str(data.get("message", "")),
+            worker_exit_code=code if isinstance(code, int) else None,
+            output_tail=str(data.get("output_tail", "")),
+        )
+    if kind == "WorkerTimeout":
+        hint = data.get("hint")
+        return WorkerTimeout(
+            str(data.get("message", "")), hint=hint if isinstance(hint, str) else None
+        )
     reply = ErrorReply(
         type=str(data.get("type", "Exception")),
         message=str(data.get("message", "")),
@@ -314,6 +340,7 @@ class PoolSession(WorkerSession):
         self.daemon_pid: int | None = None
         self._worker_pid: int | None = None
         self._daemon_record: dict[str, Any] | None = None
+        self._sends_deadline = False  # the daemon enforces each call's timeout
 
     @property
     def pid(self) -> int | None:
@@ -330,6 +357,8 @@ class PoolSession(WorkerSession):
         self.daemon_pid, self._worker_pid = info.daemon_pid, info.worker_pid
         record = info.state.get("daemon")
         self._daemon_record = record if isinstance(record, dict) else None
+        relay = info.state.get("relay")
+        self._sends_deadline = isinstance(relay, int) and relay >= RELAY_VERSION
         self.usage.connected = True
         # A calculator never closed still leaves its usage record, when it is collected
         # or at exit (the connection closes with the process; the daemon sees EOF).
@@ -341,6 +370,63 @@ class PoolSession(WorkerSession):
         # while the kernel still holds the connection (a zombie daemon).
         if self._daemon_record is not None and not daemon_alive({"daemon": self._daemon_record}):
             raise self._died(self._phase())
+
+    def _exchange(
+        self,
+        stream: FrameStream,
+        data: bytes,
+        read: Callable[[], _Reply],
+        timeout: float | None,
+    ) -> _Reply:
+        """As for a worker of one's own, but the daemon holds the deadline: it is told
+        the timeout with each request, stops a worker that overruns it and says so.
+        This client waits a little longer for that verdict before giving up itself."""
+        if not self._sends_deadline:
+            return self._exchange_alone(stream, data, read, timeout)
+        patience = None if timeout is None else timeout + VERDICT_GRACE_S
+        return self._exchange_alone(stream, encode_deadline(timeout) + data, read, patience)
+
+    def _exchange_alone(
+        self,
+        stream: FrameStream,
+        data: bytes,
+        read: Callable[[], _Reply],
+        timeout: float | None,
+    ) -> _Reply:
+        try:
+            return super()._exchange(stream, data, read, timeout)
+        except WorkerTimeout:
+            raise WorkerTimeout(
+                f"the pool daemon for {self.spec.checkpoint!r} (pid {self.daemon_pid}) did "
+                f"not answer within {timeout:g} s; this client disconnected, but the pooled "
+                f"worker (pid {self._worker_pid}) was not stopped and may still be computing",
+                hint=f"`rootstock workers stop {self.key.digest}` stops it; pass a larger "
+                "timeout= (or None) for slow models or large systems",
+            ) from None
+
+    def _raise_error(self, reply: ErrorReply) -> WorkerError:
+        """The daemon's own verdicts (phase ``pool``: it stopped the worker and is
+        leaving; ``queue``: this call waited too long for a busy worker) become the
+        matching errors; a model's errors are reported as for a worker of one's own."""
+        if reply.phase == "queue":
+            return WorkerTimeout(
+                reply.message, hint="pass a larger timeout=, or start fewer clients per worker"
+            )
+        if reply.phase != "pool":
+            return super()._raise_error(reply)
+        self._teardown()  # the daemon is going; the next call attaches afresh
+        if reply.type == "WorkerDiedError":
+            code = reply.details.get("exit_code")
+            return WorkerDiedError(
+                reply.message,
+                worker_exit_code=code if isinstance(code, int) else None,
+                output_tail=str(reply.details.get("output_tail", "")),
+            )
+        if reply.type == "WorkerTimeout":
+            return WorkerTimeout(
+                reply.message, hint="pass a larger timeout= (or None) for slow models"
+            )
+        return WorkerError(reply.message, hint="the next call starts a fresh pooled worker")
 
     def _died(self, when: str) -> WorkerDiedError:
         self._teardown()
