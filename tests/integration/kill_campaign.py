@@ -4,10 +4,11 @@ Used by ``test_sigkill.py`` (``add``, ``smoke-test``, ``install --force``) and
 ``test_sigkill_sync_prune.py`` (``sync``, ``prune``). The command is a real
 ``python -m rootstock.cli.main`` subprocess on a private root. Its normal duration
 is measured once, then it is killed (SIGKILL to its own process only, as ``kill -9``
-or the OOM killer would) at ``TRIALS`` moments drawn uniformly from (0, duration)
-with a fixed seed. Each trial runs under :mod:`tests.integration.killing`, a
-child-subreaper harness that sees every process the command left behind, whatever
-session it moved to. Afterwards:
+or the OOM killer would) at ``CI_TRIALS`` (6) moments drawn uniformly from
+(0, duration) with a fixed seed; ``scripts/soak`` runs the same campaigns with 20 or
+more. Each trial runs under :mod:`tests.integration.killing`, a child-subreaper
+harness that sees every process the command left behind, whatever session it moved
+to. Afterwards:
 
 * no process of a killed command is alive ``GRACE_S`` (5 s) after the kill;
 * the manifest parses (``json.loads`` and the project's loader) and
@@ -27,7 +28,8 @@ maintainer re-running the same command after the kill. One whose short phases co
 after a long one passes ``late_mark``, so that part of the kills land in them.
 
 All problems of one campaign are collected and reported together, with the seed
-(``ROOTSTOCK_SIGKILL_SEED`` overrides it; ``ROOTSTOCK_SIGKILL_TRIALS`` the count).
+and the count (``ROOTSTOCK_SIGKILL_SEED`` and ``ROOTSTOCK_SIGKILL_TRIALS`` replay
+them).
 """
 
 from __future__ import annotations
@@ -59,9 +61,20 @@ COMMAND_TIMEOUT_S = 240.0
 RUN_DIR_PREFIX = "rootstock-"
 
 
-def trials_from_env(default: int) -> int:
+#: Kills per campaign in a CI run: enough to land in each phase (a campaign with a
+#: ``late_mark`` draws half of them after it). ``scripts/soak`` runs 20 or more.
+CI_TRIALS = 6
+
+
+def trials_from_env(default: int = CI_TRIALS) -> int:
     """``ROOTSTOCK_SIGKILL_TRIALS`` if set, else ``default``."""
     return int(os.environ.get("ROOTSTOCK_SIGKILL_TRIALS", str(default)))
+
+
+def campaign_timeout_s(campaigns: int = 1) -> float:
+    """A test's deadline for ``campaigns`` campaigns of ``trials_from_env()`` kills
+    (as ``pytest.mark.timeout``): generous per trial, so that a soak fits too."""
+    return 300.0 + campaigns * 60.0 * trials_from_env()
 
 
 @pytest.fixture
@@ -172,7 +185,7 @@ class Campaign:
     root: Path
     tmpdir: Path
     logs: Path
-    trials: int = field(default_factory=lambda: trials_from_env(20))
+    trials: int = field(default_factory=trials_from_env)
     prepare: Callable[[int], None] | None = None
     after_next: Callable[[], list[str]] | None = None
     stays: Callable[[str], bool] | None = None
@@ -314,7 +327,8 @@ def run_campaign(campaign: Campaign) -> str:
     ran_out = [t.elapsed for t in trials if not t.killed]
     longest = f" (the other runs took up to {max(ran_out):.2f} s)" if ran_out else ""
     summary = (
-        f"{c.name}: seed {SEED}, {c.trials} kills in (0, {duration:.2f} s){window}, "
+        f"{c.name}: seed {SEED} (ROOTSTOCK_SIGKILL_SEED), {c.trials} kills in "
+        f"(0, {duration:.2f} s){window}, "
         f"{killed} landed before it finished{longest}; "
         f"{len(left_alive)} left processes alive {GRACE_S} s later; "
         f"{len(before)} leftover(s) before the next run; "

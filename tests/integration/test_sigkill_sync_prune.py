@@ -30,8 +30,9 @@ ids are verified); the next ``prune`` has removed every ``gone-N`` (env, records
 registered files, attributed files) and every undeclared ``shards`` record with its
 files, and kept ``emt``, ``twin`` and ``shards-keep`` whole (``common.bin`` too).
 
-``ROOTSTOCK_SIGKILL_TRIALS`` (10 here) and ``ROOTSTOCK_SIGKILL_SEED`` override the
-count and the seed.
+Each campaign kills 6 times in CI, half of them after its mark (issue #15 asked for
+10: ``scripts/soak`` runs 20 or more); ``ROOTSTOCK_SIGKILL_TRIALS`` and
+``ROOTSTOCK_SIGKILL_SEED`` override the count and the seed.
 """
 
 from __future__ import annotations
@@ -56,13 +57,19 @@ from tests.integration.checkpoint_envs import (
     weights_server,
     write_env,
 )
-from tests.integration.kill_campaign import Campaign, run_campaign, run_tmpdir, trials_from_env
+from tests.integration.kill_campaign import (
+    Campaign,
+    campaign_timeout_s,
+    run_campaign,
+    run_tmpdir,
+    trials_from_env,
+)
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("private_config")]
+pytestmark = [pytest.mark.timeout(campaign_timeout_s()), pytest.mark.usefixtures("private_config")]
 
 __all__ = ["run_tmpdir"]  # a fixture: imported so that pytest finds it here
 
-TRIALS = trials_from_env(10)
+TRIALS = trials_from_env()
 SHARD_FILES = 500
 OLD_GENERATIONS = 2
 GONE_EVERY = 4
