@@ -1,7 +1,9 @@
 """Session-wide test setup: an isolated user config, shared uv caches, built roots.
 
-Real uv builds are the expensive part of the suite, so each env is built once per
-session (session-scoped fixtures) and every test root shares one uv cache.
+Real uv builds are the expensive part of the suite, so each shared root is built
+once per run, by whichever pytest process needs it first, and every other process
+of the run (pytest-xdist workers) uses the same one (:mod:`tests.run_cache`); every
+test root shares the run's uv cache.
 Builds never resolve an unpinned torch: when the machine's CPU torch wheel is on
 disk, every build gets its find-links directory and a constraint pinning that
 exact local version (find-links alone loses to PyPI's newer CUDA build).
@@ -13,9 +15,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.leftovers import find_leftovers, remove_leftovers
+from tests.run_cache import make_run_dir, run_dir, run_lock, shared_build
 
 REPO = Path(__file__).resolve().parent.parent
 ENVIRONMENTS = REPO / "environments"
@@ -29,6 +36,101 @@ def local_torch_wheel() -> Path | None:
     tag = f"cp{sys.version_info[0]}{sys.version_info[1]}"
     wheels = sorted(LOCAL_WHEELS.glob(f"torch-*-{tag}-*.whl"))
     return wheels[-1] if wheels else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """The first pytest process of a run makes the run's shared build directory, and a
+    temp dir in it that every process of the run uses (its leftovers are looked for).
+    pytest's own temp dir is fixed first, where it would be anyway (short paths keep
+    socket paths in tests' tmp_path within their limit)."""
+    made = make_run_dir()
+    config.stash[_RUN_DIR_MADE] = made
+    if made is not None:
+        factory = getattr(config, "_tmp_path_factory", None)
+        if factory is not None:
+            factory.getbasetemp()
+        (made / "tmp").mkdir()
+        os.environ["TMPDIR"] = str(made / "tmp")
+        tempfile.tempdir = None  # this process too
+
+
+#: The longest test files (the timing report that scripts/test writes), longest first.
+#: Under scripts/test's workers they start first, so that none runs on alone at the end.
+LONGEST_FIRST = (
+    "test_checkpoints.py",
+    "test_batch_hooks.py",
+    "test_slurm_nightly.py",
+    "test_family_uma.py",
+    "test_family_orb.py",
+    "test_mlip_checkpoints.py",
+    "test_sigkill_sync_prune.py",
+    "test_sigkill.py",
+    "test_integrations_chgnet.py",
+    "test_install.py",
+    "test_batch_memory.py",
+    "test_prune.py",
+    "test_pool_concurrency.py",
+    "test_with_mlipx.py",
+    "test_benchmark.py",
+    "test_usage.py",
+    "test_cli.py",
+    "test_api_concurrency.py",
+    "test_mlip_calculator.py",
+    "test_scale_out_parsl_slurm.py",
+    "test_sync.py",
+)
+#: Long files whose tests use no module-scoped fixture and need no order: each test
+#: is a unit of work of its own, so that the file's minutes spread over the workers.
+SPLIT_FILES = frozenset({"test_pool_concurrency.py"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest files first; under ``--dist loadgroup`` each file's tests on one worker
+    (its module fixtures are built once, its order holds), except the SPLIT_FILES."""
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    for item in items:
+        if item.path.name not in SPLIT_FILES:
+            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(REPO).as_posix()))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The first pytest process fails the run if any process, mount or run dir of the
+    run is left once every test and worker is done; then it removes them."""
+    made = session.config.stash.get(_RUN_DIR_MADE, None)
+    if made is None:
+        return
+    factory = getattr(session.config, "_tmp_path_factory", None)
+    temp_roots = [factory.getbasetemp()] if factory is not None else []
+    found = find_leftovers(made, made / "tmp", temp_roots)
+    if not found:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    lines = ["the test run left these behind (now removed):", *found.lines()]
+    if reporter is not None:
+        reporter.write_sep("=", "leftovers", red=True)
+        for line in lines:
+            reporter.write_line(line)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    remove_leftovers(found)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    made = config.stash.get(_RUN_DIR_MADE, None)
+    if made is not None:
+        # uv leaves read-only files in its cache: make them removable first.
+        subprocess.run(["chmod", "-R", "u+w", str(made)], check=False, timeout=300)
+        shutil.rmtree(made, ignore_errors=True)
+
+
+_RUN_DIR_MADE = pytest.StashKey[Path | None]()
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +154,16 @@ def isolated_user(session_dir: Path):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture
+def short_tmp_path() -> Iterator[Path]:
+    """A fresh dir directly in /tmp, removed afterwards, for a test whose sockets must fit
+    in ``sun_path``: pytest's tmp_path can be too long (under pytest-xdist it is), and
+    then rootstock rightly puts its sockets elsewhere."""
+    path = Path(tempfile.mkdtemp(prefix="rs-t-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -83,8 +195,9 @@ def torch_pin(session_dir: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def shared_uv_cache(session_dir: Path) -> Path:
-    cache = session_dir / "uv-cache"
+def shared_uv_cache() -> Path:
+    """The run's uv cache, shared by every test root (uv locks it for concurrent use)."""
+    cache = run_dir() / "uv-cache"
     cache.mkdir(exist_ok=True)
     return cache
 
@@ -131,11 +244,14 @@ def run_rootstock(
 
 
 @pytest.fixture(scope="session")
-def emt_root(session_dir: Path, shared_uv_cache: Path, torch_pin) -> Path:
-    """A root with the sample EMT env built by real uv; shared, never modified by tests."""
-    root = make_root(session_dir / "emt-root", shared_uv_cache)
-    run_rootstock("install", ENVIRONMENTS / "emt.py", "--root", root)
-    return root
+def emt_root(shared_uv_cache: Path, torch_pin) -> Path:
+    """A root with the sample EMT env built by real uv; shared by the run, never modified."""
+
+    def build(root: Path) -> None:
+        make_root(root, shared_uv_cache)
+        run_rootstock("install", ENVIRONMENTS / "emt.py", "--root", root)
+
+    return shared_build("emt-root", build)
 
 
 @pytest.fixture
@@ -191,13 +307,15 @@ def _is_built(root: Path, name: str) -> bool:
 
 
 def install_family(root: Path, name: str, torch_pin: dict[str, str]) -> Path:
-    """Build ``environments/<name>.py`` into ``root`` unless it is already built there."""
-    if not _is_built(root, name):
-        run_rootstock(
-            *_install_command(root, name)[len(ROOTSTOCK) :],
-            env=torch_pin,
-            timeout=FAMILY_BUILD_TIMEOUT,
-        )
+    """Build ``environments/<name>.py`` into ``root`` unless it is already built there
+    (one build per run: other test processes wait for it)."""
+    with run_lock(f"family-{name}"):
+        if not _is_built(root, name):
+            run_rootstock(
+                *_install_command(root, name)[len(ROOTSTOCK) :],
+                env=torch_pin,
+                timeout=FAMILY_BUILD_TIMEOUT,
+            )
     return root / "envs" / name
 
 
@@ -267,15 +385,19 @@ def families_needed(items) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def family_root(request, session_dir: Path, user_uv_cache: Path, torch_pin) -> Path:
-    """The session's root for real model-family envs.
+def family_root(request, user_uv_cache: Path, torch_pin) -> Path:
+    """The run's root for real model-family envs.
 
-    Every family env the collected tests use is built into it at once, side by side;
-    ``family_env`` builds any other on first use.
+    Every family env the collected tests use is built into it at once, side by side,
+    by the first test process that needs it; ``family_env`` builds any other on
+    first use.
     """
-    root = make_root(session_dir / "mlip-root", user_uv_cache)
-    install_families(root, families_needed(request.session.items), torch_pin)
-    return root
+
+    def build(root: Path) -> None:
+        make_root(root, user_uv_cache)
+        install_families(root, families_needed(request.session.items), torch_pin)
+
+    return shared_build("mlip-root", build)
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,12 @@
 """Fixtures for the runtime tests: built roots, cluster registry, process teardown.
 
-``fake_built_root`` (the name is historical) is a real root: every runtime test env
-is built by real uv with ``rootstock install``, once per session, sharing the
-session's uv cache. ``build_fake_root`` remains only for the two tests that need
-no working env at all (a resolution error raised before any spawn, and a
-deliberately broken interpreter); it is a FAKE: env_source.py plus a shell
-``bin/python`` that execs the test runner's interpreter.
+``fake_built_root`` (the name is historical) is a real root: every runtime test env is
+built by real uv with ``rootstock install``, once per run (every pytest process of the
+run uses the same root: :mod:`tests.run_cache`), sharing the run's uv cache.
+``build_fake_root`` remains only for the two tests that need no working env at all (a
+resolution error raised before any spawn, and a deliberately broken interpreter); it is
+a FAKE: env_source.py plus a shell ``bin/python`` that execs the test runner's
+interpreter.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from rootstock.install.layout import write_layout
 from rootstock.ops.workers import stop_workers
 from rootstock.runtime.pool_dir import read_states
 from tests.conftest import copy_env, make_root, run_rootstock
+from tests.run_cache import shared_build
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_ENVS = REPO / "tests" / "envs"
@@ -93,21 +95,18 @@ def build_real_root(root: Path, envs: dict[str, Path], uv_cache: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def fake_built_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
-    """A shared root with every runtime test env, built by real uv; never modified."""
-    return build_real_root(
-        tmp_path_factory.mktemp("runtime") / "root", RUNTIME_ENVS, shared_uv_cache
+def fake_built_root(shared_uv_cache: Path) -> Path:
+    """A root with every runtime test env, built by real uv once per run; never modified."""
+    return shared_build(
+        "runtime-root", lambda root: build_real_root(root, RUNTIME_ENVS, shared_uv_cache)
     )
 
 
 @pytest.fixture(scope="session")
-def malformed_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
+def malformed_root(shared_uv_cache: Path) -> Path:
     """A root with the malformed-results test env (EMT broken on request), built once."""
-    return build_real_root(
-        tmp_path_factory.mktemp("malformed") / "root",
-        {"malformed-results": TEST_ENVS / "malformed_results.py"},
-        shared_uv_cache,
-    )
+    envs = {"malformed-results": TEST_ENVS / "malformed_results.py"}
+    return shared_build("malformed-root", lambda root: build_real_root(root, envs, shared_uv_cache))
 
 
 @pytest.fixture

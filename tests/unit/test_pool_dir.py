@@ -37,11 +37,11 @@ from rootstock.runtime.protocol import (
 )
 
 
-def test_xdg_runtime_dir_holds_the_pool_dir(tmp_path):
-    assert pool_dir_path({"XDG_RUNTIME_DIR": str(tmp_path)}) == tmp_path / POOL_DIR_NAME
+def test_xdg_short_tmp_path_holds_the_pool_dir(short_tmp_path):
+    assert pool_dir_path({"XDG_RUNTIME_DIR": str(short_tmp_path)}) == short_tmp_path / POOL_DIR_NAME
 
 
-def test_without_xdg_runtime_dir_the_pool_dir_is_named_by_uid(tmp_path):
+def test_without_xdg_short_tmp_path_the_pool_dir_is_named_by_uid(tmp_path):
     assert pool_dir_path({}) == fallback_pool_dir() == fallback_pool_dir(os.getuid())
     assert str(fallback_pool_dir(1234)) == "/tmp/rootstock-1234"
     # A runtime dir that does not exist, or whose socket paths would not fit, is not used.
@@ -51,23 +51,23 @@ def test_without_xdg_runtime_dir_the_pool_dir_is_named_by_uid(tmp_path):
     assert pool_dir_path({"XDG_RUNTIME_DIR": str(deep)}) == fallback_pool_dir()
 
 
-def test_the_pool_dir_is_made_private_whatever_the_umask(tmp_path):
+def test_the_pool_dir_is_made_private_whatever_the_umask(short_tmp_path):
     old = os.umask(0o000)
     try:
-        made = ensure_pool_dir({"XDG_RUNTIME_DIR": str(tmp_path)})
+        made = ensure_pool_dir({"XDG_RUNTIME_DIR": str(short_tmp_path)})
     finally:
         os.umask(old)
-    assert made == tmp_path / POOL_DIR_NAME
+    assert made == short_tmp_path / POOL_DIR_NAME
     assert os.stat(made).st_mode & 0o777 == 0o700
-    assert ensure_pool_dir({"XDG_RUNTIME_DIR": str(tmp_path)}) == made  # existing: fine
+    assert ensure_pool_dir({"XDG_RUNTIME_DIR": str(short_tmp_path)}) == made  # existing: fine
 
 
-def test_a_pool_dir_with_the_wrong_mode_is_refused_and_left_alone(tmp_path):
-    path = tmp_path / POOL_DIR_NAME
+def test_a_pool_dir_with_the_wrong_mode_is_refused_and_left_alone(short_tmp_path):
+    path = short_tmp_path / POOL_DIR_NAME
     path.mkdir()
     path.chmod(0o750)
     with pytest.raises(RootstockError, match="mode 0750, not 0700") as info:
-        ensure_pool_dir({"XDG_RUNTIME_DIR": str(tmp_path)})
+        ensure_pool_dir({"XDG_RUNTIME_DIR": str(short_tmp_path)})
     assert info.value.hint is not None and f"chmod 700 {path}" in info.value.hint
     assert os.stat(path).st_mode & 0o777 == 0o750  # never changed for the user
 
@@ -81,18 +81,18 @@ def test_a_pool_dir_owned_by_someone_else_is_refused(tmp_path):
         check_private_dir(path)
 
 
-def test_a_symlinked_pool_dir_is_refused_even_to_a_private_dir(tmp_path):
-    target = tmp_path / "elsewhere"
+def test_a_symlinked_pool_dir_is_refused_even_to_a_private_dir(short_tmp_path):
+    target = short_tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
-    (tmp_path / POOL_DIR_NAME).symlink_to(target)
+    (short_tmp_path / POOL_DIR_NAME).symlink_to(target)
     with pytest.raises(RootstockError, match="symbolic link"):
-        ensure_pool_dir({"XDG_RUNTIME_DIR": str(tmp_path)})
+        ensure_pool_dir({"XDG_RUNTIME_DIR": str(short_tmp_path)})
 
 
-def test_a_file_in_the_way_is_refused(tmp_path):
-    (tmp_path / POOL_DIR_NAME).write_text("")
+def test_a_file_in_the_way_is_refused(short_tmp_path):
+    (short_tmp_path / POOL_DIR_NAME).write_text("")
     with pytest.raises(RootstockError, match="not a directory"):
-        ensure_pool_dir({"XDG_RUNTIME_DIR": str(tmp_path)})
+        ensure_pool_dir({"XDG_RUNTIME_DIR": str(short_tmp_path)})
 
 
 def test_state_files_are_read_back_and_others_skipped(tmp_path):

@@ -141,11 +141,11 @@ def test_worker_command_carries_every_field_of_the_spec(layout, tmp_path):
 # --- private socket directory ----------------------------------------------------------
 
 
-def test_private_dir_is_fresh_0700_and_not_directly_in_tmp(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+def test_private_dir_is_fresh_0700_and_not_directly_in_tmp(monkeypatch, short_tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp_path))
     first, second = server.make_private_dir(), server.make_private_dir()
     assert first != second
-    assert first.parent == tmp_path
+    assert first.parent == short_tmp_path
     assert stat.S_IMODE(first.stat().st_mode) == 0o700
 
 

@@ -1,0 +1,102 @@
+"""The test suite's own machinery: run-wide shared builds and the leftovers check."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.leftovers import find_leftovers, remove_leftovers
+from tests.run_cache import RUN_DIR_ENV, shared_build
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Each process asks for the same shared build; the build sleeps, so the others queue.
+_BUILDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from tests.run_cache import shared_build
+
+    def build(path: Path) -> None:
+        path.mkdir()
+        with open(path.parent / "builds.log", "a") as fh:
+            fh.write(sys.argv[1] + "\\n")
+        time.sleep(1.0)
+        (path / "made-by").write_text(sys.argv[1])
+
+    print(shared_build("thing", build))
+    """
+)
+
+
+def test_processes_asking_at_once_share_one_build(tmp_path: Path):
+    env = {**os.environ, RUN_DIR_ENV: str(tmp_path), "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _BUILDER, f"p{i}"], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for i in range(4)
+    ]
+    outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4
+    assert outputs == [str(tmp_path / "thing")] * 4
+    builders = (tmp_path / "builds.log").read_text().split()
+    assert len(builders) == 1
+    assert (tmp_path / "thing" / "made-by").read_text() == builders[0]
+
+
+def test_a_failed_build_is_tried_again_from_an_empty_path(tmp_path, monkeypatch):
+    monkeypatch.setenv(RUN_DIR_ENV, str(tmp_path))
+
+    def broken(path: Path) -> None:
+        path.mkdir()
+        (path / "half").write_text("")
+        raise RuntimeError("uv failed")
+
+    with pytest.raises(RuntimeError, match="uv failed"):
+        shared_build("thing", broken)
+    seen: list[list[str]] = []
+
+    def good(path: Path) -> None:
+        seen.append(sorted(p.name for p in path.parent.glob("thing/*")))
+        path.mkdir()
+
+    assert shared_build("thing", good) == tmp_path / "thing"
+    assert seen == [[]]
+    assert shared_build("thing", broken) == tmp_path / "thing"  # done: not built again
+
+
+def test_leftovers_name_the_run_s_processes_and_run_dirs_and_remove_them(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "tmp" / "rootstock-123-abc").mkdir(parents=True)
+    (run_dir / "tmp" / "pytest-of-me").mkdir()
+    ours = subprocess.Popen(
+        ["sleep", "300"], env={**os.environ, RUN_DIR_ENV: str(run_dir)}, start_new_session=True
+    )
+    other = subprocess.Popen(
+        ["sleep", "300"], env={**os.environ, RUN_DIR_ENV: str(tmp_path / "another-run")}
+    )
+    try:
+        found = find_leftovers(run_dir, run_dir / "tmp", [tmp_path], settle_s=0.5)
+        assert [pid for pid, _ in found.processes] == [ours.pid]
+        assert "sleep 300" in found.lines()[0]
+        assert found.run_dirs == [run_dir / "tmp" / "rootstock-123-abc"]
+        assert found.mounts == []
+        remove_leftovers(found)
+        assert ours.wait(timeout=30) == -9
+        assert not (run_dir / "tmp" / "rootstock-123-abc").exists()
+        assert other.poll() is None
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def test_a_run_with_nothing_left_finds_nothing(tmp_path):
+    (tmp_path / "tmp" / "pytest-of-me").mkdir(parents=True)
+    assert not find_leftovers(tmp_path, tmp_path / "tmp", [tmp_path])

@@ -1,0 +1,114 @@
+"""What a test run left behind: processes, FUSE mounts and run dirs.
+
+Every process a test starts inherits ``$ROOTSTOCK_TEST_RUN_DIR`` (set once per run,
+see :mod:`tests.run_cache`), and so does every process those start: workers, pool
+daemons, uv, SLURM jobs submitted with the caller's environment. At the end of the
+run, the first pytest process looks for every process of its user whose environment
+holds that exact assignment, for mounts below the run's directories, and for run
+directories (``rootstock-*``) left in the run's ``$TMPDIR``. Anything found fails
+the run, named, and is then removed, so that nothing outlives the run either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.run_cache import RUN_DIR_ENV
+
+#: Time for teardowns still under way (xdist workers exiting, daemons idling out).
+SETTLE_S = 30.0
+RUN_DIR_PREFIX = "rootstock-"
+
+
+@dataclass
+class Leftovers:
+    processes: list[tuple[int, str]] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
+    run_dirs: list[Path] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.processes or self.mounts or self.run_dirs)
+
+    def lines(self) -> list[str]:
+        out = [f"process {pid}: {cmd}" for pid, cmd in self.processes]
+        out += [f"mount: {point}" for point in self.mounts]
+        out += [f"run dir: {path}" for path in self.run_dirs]
+        return out
+
+
+def _ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+    return pids
+
+
+def marked_processes(run_dir: Path) -> list[tuple[int, str]]:
+    """Live processes (not zombies, not this one or its ancestors) of the run."""
+    marker = f"{RUN_DIR_ENV}={run_dir}".encode()
+    skip = _ancestors()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in skip:
+            continue
+        try:
+            environ = Path(f"/proc/{name}/environ").read_bytes()
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone, or another user's
+        if marker in environ.split(b"\0") and cmdline:
+            found.append((int(name), cmdline.replace(b"\0", b" ").decode(errors="replace")))
+    return found
+
+
+def mounts_below(dirs: list[Path]) -> list[str]:
+    """Mount points at or below any of ``dirs`` (from this process's mountinfo)."""
+    prefixes = [str(d.resolve()) for d in dirs]
+    points = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4].replace("\\040", " ")
+            if any(point == p or point.startswith(p + "/") for p in prefixes):
+                points.append(point)
+    return points
+
+
+def find_leftovers(
+    run_dir: Path, tmp_dir: Path, temp_roots: list[Path], settle_s: float = SETTLE_S
+) -> Leftovers:
+    """What the run left, waiting up to ``settle_s`` for processes still exiting."""
+    deadline = time.monotonic() + settle_s
+    processes = marked_processes(run_dir)
+    while processes and time.monotonic() < deadline:
+        time.sleep(0.5)
+        processes = marked_processes(run_dir)
+    run_dirs = []
+    with contextlib.suppress(OSError):
+        run_dirs = sorted(p for p in tmp_dir.iterdir() if p.name.startswith(RUN_DIR_PREFIX))
+    return Leftovers(processes, mounts_below([run_dir, *temp_roots]), run_dirs)
+
+
+def remove_leftovers(found: Leftovers) -> None:
+    """Kill, unmount and delete what :func:`find_leftovers` found."""
+    for pid, _ in found.processes:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for point in reversed(found.mounts):
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                ["fusermount", "-u", "-z", point], check=False, timeout=60, capture_output=True
+            )
+    for path in found.run_dirs:
+        shutil.rmtree(path, ignore_errors=True)
