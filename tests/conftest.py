@@ -80,22 +80,15 @@ LONGEST_FIRST = (
     "test_scale_out_parsl_slurm.py",
     "test_sync.py",
 )
-#: Long files whose tests use no module-scoped fixture and need no order: each test
-#: is a unit of work of its own, so that the file's minutes spread over the workers.
-SPLIT_FILES = frozenset({"test_pool_concurrency.py"})
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Longest files first; under ``--dist loadgroup`` each file's tests on one worker
-    (its module fixtures are built once, its order holds), except the SPLIT_FILES."""
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest files first (a stable sort: each file's own order holds). Under
+    scripts/test's ``--dist loadfile --no-loadscope-reorder`` the workers take files in
+    this order, so the longest start first and none runs on alone at the end."""
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-    if config.getoption("dist", "no") != "loadgroup":
-        return
-    for item in items:
-        if item.path.name not in SPLIT_FILES:
-            item.add_marker(pytest.mark.xdist_group(item.path.relative_to(REPO).as_posix()))
 
 
 @pytest.hookimpl(trylast=True)
