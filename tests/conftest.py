@@ -11,6 +11,7 @@ exact local version (find-links alone loses to PyPI's newer CUDA build).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -213,6 +214,38 @@ def make_root(path: Path, uv_cache: Path, cluster: str = "testbox") -> Path:
     link = path / ".uv-cache"
     if not link.exists():
         link.symlink_to(uv_cache)
+    return path
+
+
+def installed_root(
+    path: Path, uv_cache: Path, env_files: list[Path], cluster: str = "testbox"
+) -> Path:
+    """``make_root(path, ...)`` then ``rootstock install`` of each env file in turn, made
+    as a copy of a root built exactly that way once per run (shared by every pytest
+    process; keyed by the cluster, the uv cache and the files' names and contents).
+
+    For a test whose subject is not the build: it gets a private, fully built root
+    without paying a uv build. A built root is relocatable (relocatable venvs, a
+    relative ``envs/<name>`` link, no absolute path in the manifest), so the copy is
+    what a build at ``path`` would have made.
+    """
+    digest = hashlib.sha256(f"{cluster}\0{uv_cache}\0".encode())
+    for env_file in env_files:
+        digest.update(env_file.name.encode() + b"\0" + env_file.read_bytes() + b"\0")
+
+    def build(template: Path) -> None:
+        make_root(template, uv_cache, cluster=cluster)
+        for env_file in env_files:
+            run_rootstock("install", env_file, "--root", template, timeout=900)
+
+    template = shared_build(f"root-{digest.hexdigest()[:16]}", build)
+    return copy_root(template, path)
+
+
+def copy_root(template: Path, path: Path) -> Path:
+    """A full private copy of a built root (``cp -a``: modes, links and times kept)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-a", str(template), str(path)], check=True, timeout=600)
     return path
 
 

@@ -12,6 +12,7 @@ interpreter.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import signal
@@ -25,7 +26,7 @@ import pytest
 from rootstock.install.layout import write_layout
 from rootstock.ops.workers import stop_workers
 from rootstock.runtime.pool_dir import read_states
-from tests.conftest import copy_env, make_root, run_rootstock
+from tests.conftest import copy_env, copy_root, make_root, run_rootstock
 from tests.run_cache import shared_build
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +72,7 @@ def build_fake_root(root: Path, envs: dict[str, Path]) -> Path:
     return root
 
 
-def build_real_root(root: Path, envs: dict[str, Path], uv_cache: Path) -> Path:
+def install_real_root(root: Path, envs: dict[str, Path], uv_cache: Path) -> Path:
     """A root whose envs are built by real uv (one directory install).
 
     ``custom-no-hook`` cannot pass the install lint (a ``:custom`` id without
@@ -94,11 +95,24 @@ def build_real_root(root: Path, envs: dict[str, Path], uv_cache: Path) -> Path:
     return root
 
 
+def build_real_root(root: Path, envs: dict[str, Path], uv_cache: Path) -> Path:
+    """A private root as :func:`install_real_root` makes it: a copy of one built that
+    way once per run for the same env files (the build is not what such tests test)."""
+    digest = hashlib.sha256(f"{uv_cache}\0".encode())
+    for name, env_file in sorted(envs.items()):
+        digest.update(name.encode() + b"\0" + env_file.read_bytes() + b"\0")
+    template = shared_build(
+        f"real-root-{digest.hexdigest()[:16]}",
+        lambda path: install_real_root(path, envs, uv_cache),
+    )
+    return copy_root(template, root)
+
+
 @pytest.fixture(scope="session")
 def fake_built_root(shared_uv_cache: Path) -> Path:
     """A root with every runtime test env, built by real uv once per run; never modified."""
     return shared_build(
-        "runtime-root", lambda root: build_real_root(root, RUNTIME_ENVS, shared_uv_cache)
+        "runtime-root", lambda root: install_real_root(root, RUNTIME_ENVS, shared_uv_cache)
     )
 
 
@@ -106,7 +120,9 @@ def fake_built_root(shared_uv_cache: Path) -> Path:
 def malformed_root(shared_uv_cache: Path) -> Path:
     """A root with the malformed-results test env (EMT broken on request), built once."""
     envs = {"malformed-results": TEST_ENVS / "malformed_results.py"}
-    return shared_build("malformed-root", lambda root: build_real_root(root, envs, shared_uv_cache))
+    return shared_build(
+        "malformed-root", lambda root: install_real_root(root, envs, shared_uv_cache)
+    )
 
 
 @pytest.fixture

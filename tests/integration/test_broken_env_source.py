@@ -16,11 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENVIRONMENTS, make_root, run_rootstock
+from tests.conftest import ENVIRONMENTS, installed_root, run_rootstock
 from tests.integration.checkpoint_envs import (
     cells,
     hotfix,
-    install,
     smoke_json,
     status_json,
     write_env,
@@ -40,8 +39,8 @@ def rs(root: Path, *args: str, check: bool = False, timeout: float = 300):
 def broken_root(tmp_path_factory, shared_uv_cache: Path) -> tuple[Path, str]:
     """EMT and "other" built and fetched, then "other" broken; returns (root, location)."""
     base = tmp_path_factory.mktemp("broken-env")
-    root = make_root(base / "root", shared_uv_cache)
-    install(root, ENVIRONMENTS / "emt.py", write_env(base / "src", "other", ["other-emt"]))
+    other = write_env(base / "src", "other", ["other-emt"])
+    root = installed_root(base / "root", shared_uv_cache, [ENVIRONMENTS / "emt.py", other])
     rs(root, "add", "emt", "--no-verify", check=True)
     rs(root, "add", "other-emt", "--device", "cpu", check=True)
     hotfix(root, "other", lambda src: src.replace("SCALE = 1.0", "SCALE = (1.0", 1))

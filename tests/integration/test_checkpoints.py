@@ -20,7 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENVIRONMENTS, ROOTSTOCK, TEST_ENVS, make_root, run_rootstock
+from tests.conftest import (
+    ENVIRONMENTS,
+    ROOTSTOCK,
+    TEST_ENVS,
+    installed_root,
+    run_rootstock,
+)
 from tests.integration.checkpoint_envs import (
     DOWNLOAD_HOOKS,
     KWARG_SETUP,
@@ -63,9 +69,8 @@ def add_json(root: Path, *args: str, check: bool = True) -> dict:
     return json.loads(rs(root, "add", *args, "--json", check=check).stdout)
 
 
-def test_maintainer_flow_on_emt(scratch_root: Path):
-    root = scratch_root
-    install(root, ENVIRONMENTS / "emt.py")
+def test_maintainer_flow_on_emt(tmp_path: Path, shared_uv_cache: Path):
+    root = installed_root(tmp_path / "root", shared_uv_cache, [ENVIRONMENTS / "emt.py"])
     assert cell(root, "emt", "emt")["state"] == "not fetched"
 
     fetched = add_json(root, "emt", "--no-verify")
@@ -410,8 +415,8 @@ CORRUPTIONS = {
 def refusal_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
     """One root with EMT built and fetched; each refusal test swaps its manifest."""
 
-    root = make_root(tmp_path_factory.mktemp("refusal") / "root", shared_uv_cache)
-    install(root, ENVIRONMENTS / "emt.py")
+    path = tmp_path_factory.mktemp("refusal") / "root"
+    root = installed_root(path, shared_uv_cache, [ENVIRONMENTS / "emt.py"])
     rs(root, "add", "emt", "--no-verify")
     return root
 

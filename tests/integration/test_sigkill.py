@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENVIRONMENTS, copy_env, make_root, run_rootstock
+from tests.conftest import ENVIRONMENTS, installed_root, run_rootstock
 from tests.integration.checkpoint_envs import write_env
 from tests.integration.kill_campaign import campaign_timeout_s, kill_campaign, run_tmpdir
 from tests.integration.killing import run_trial
@@ -36,11 +36,8 @@ def kill_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
     checkpoints give ``smoke-test --jobs 2`` two workers at once and a third to queue.
     """
     base = tmp_path_factory.mktemp("sigkill")
-    root = make_root(base / "root", shared_uv_cache)
-    sources = base / "env-files"
-    copy_env(ENVIRONMENTS / "emt.py", sources)
-    write_env(sources, "twin", ["twin-a", "twin-b"])
-    run_rootstock("install", sources, "--root", root, "--no-push", timeout=900)
+    twin = write_env(base / "env-files", "twin", ["twin-a", "twin-b"])
+    root = installed_root(base / "root", shared_uv_cache, [ENVIRONMENTS / "emt.py", twin])
     for checkpoint in ("emt", "twin-a", "twin-b"):
         run_rootstock("add", checkpoint, "--root", root, "--device", "cpu", "--no-push")
     return root

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENVIRONMENTS, make_root, run_rootstock
-from tests.integration.checkpoint_envs import install, manifest_record
+from tests.conftest import ENVIRONMENTS, installed_root, run_rootstock
+from tests.integration.checkpoint_envs import manifest_record
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -23,8 +23,8 @@ pytestmark = pytest.mark.timeout(600)
 @pytest.fixture(scope="module")
 def verified_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
     """EMT built, fetched and verified on the CPU; tests must leave it so."""
-    root = make_root(tmp_path_factory.mktemp("names") / "root", shared_uv_cache)
-    install(root, ENVIRONMENTS / "emt.py")
+    path = tmp_path_factory.mktemp("names") / "root"
+    root = installed_root(path, shared_uv_cache, [ENVIRONMENTS / "emt.py"])
     run_rootstock("add", "emt", "--device", "cpu", "--root", root, timeout=300)
     assert manifest_record(root, "emt", "emt")["state"] == "verified"
     return root

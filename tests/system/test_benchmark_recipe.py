@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENVIRONMENTS, make_root, run_rootstock
+from tests.conftest import ENVIRONMENTS, installed_root, run_rootstock
 from tests.system.slurm_chain import (
     DEV_VENV,
     TERMINAL_STATES,
@@ -39,8 +39,8 @@ KNOBS = {"DEVICE": "cpu", "SYSTEM": "Cu:32", "CALLS": "5", "WARMUP": "1"}
 @pytest.fixture(scope="module")
 def bench_root(tmp_path_factory, shared_uv_cache: Path) -> Path:
     """A root with the sample EMT env built and ``emt`` fetched."""
-    root = make_root(tmp_path_factory.mktemp("bench-recipe") / "root", shared_uv_cache)
-    run_rootstock("install", ENVIRONMENTS / "emt.py", "--root", root, "--no-push", timeout=600)
+    path = tmp_path_factory.mktemp("bench-recipe") / "root"
+    root = installed_root(path, shared_uv_cache, [ENVIRONMENTS / "emt.py"])
     run_rootstock("add", "emt", "--no-verify", "--root", root, "--no-push", timeout=120)
     yield root
     kill_workers_of(root)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENVIRONMENTS, make_root, run_rootstock
+from tests.conftest import ENVIRONMENTS, installed_root, run_rootstock
 from tests.system.slurm_chain import (
     DEV_VENV,
     NightlyChain,
@@ -115,10 +115,9 @@ exec @ROOTSTOCK@ "$@"
 
 
 def build_root(path: Path, uv_cache: Path, env_files: list[Path], ids: list[str]) -> Path:
-    """An install root with ``env_files`` built and ``ids`` fetched."""
-    root = make_root(path, uv_cache)
-    for env_file in env_files:
-        run_rootstock("install", env_file, "--root", root, timeout=600)
+    """An install root with ``env_files`` built (a copy of a root built so once per
+    run) and ``ids`` fetched."""
+    root = installed_root(path, uv_cache, env_files)
     for checkpoint in ids:
         run_rootstock("add", checkpoint, "--no-verify", "--root", root, timeout=120)
     return root
