@@ -7,6 +7,8 @@ run, the first pytest process looks for every process of its user whose environm
 holds that exact assignment, for mounts below the run's directories, and for run
 directories (``rootstock-*``) left in the run's ``$TMPDIR``. Anything found fails
 the run, named, and is then removed, so that nothing outlives the run either way.
+``rootstock-<uid>`` is not a run dir but the user's lasting directory (the pool and
+compiler cache fallback), which the product's own sweep of dead run dirs skips too.
 """
 
 from __future__ import annotations
@@ -94,9 +96,14 @@ def find_leftovers(
     while processes and time.monotonic() < deadline:
         time.sleep(0.5)
         processes = marked_processes(run_dir)
+    # rootstock-<uid> is the user's lasting directory, never a run dir (as in
+    # rootstock.runtime.server.sweep_dead_run_dirs).
+    lasting = f"{RUN_DIR_PREFIX}{os.getuid()}"
     run_dirs = []
     with contextlib.suppress(OSError):
-        run_dirs = sorted(p for p in tmp_dir.iterdir() if p.name.startswith(RUN_DIR_PREFIX))
+        run_dirs = sorted(
+            p for p in tmp_dir.iterdir() if p.name.startswith(RUN_DIR_PREFIX) and p.name != lasting
+        )
     return Leftovers(processes, mounts_below([run_dir, *temp_roots]), run_dirs)
 
 

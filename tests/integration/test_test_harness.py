@@ -75,6 +75,8 @@ def test_leftovers_name_the_run_s_processes_and_run_dirs_and_remove_them(tmp_pat
     run_dir = tmp_path / "run"
     (run_dir / "tmp" / "rootstock-123-abc").mkdir(parents=True)
     (run_dir / "tmp" / "pytest-of-me").mkdir()
+    # The user's lasting directory (pool and compiler cache fallback) is no run dir.
+    (run_dir / "tmp" / f"rootstock-{os.getuid()}").mkdir()
     ours = subprocess.Popen(
         ["sleep", "300"], env={**os.environ, RUN_DIR_ENV: str(run_dir)}, start_new_session=True
     )
@@ -90,6 +92,7 @@ def test_leftovers_name_the_run_s_processes_and_run_dirs_and_remove_them(tmp_pat
         remove_leftovers(found)
         assert ours.wait(timeout=30) == -9
         assert not (run_dir / "tmp" / "rootstock-123-abc").exists()
+        assert (run_dir / "tmp" / f"rootstock-{os.getuid()}").is_dir()
         assert other.poll() is None
     finally:
         for proc in (ours, other):
