@@ -199,10 +199,17 @@ def uv_calls(monkeypatch) -> list[list[str]]:
     return calls
 
 
+#: Where world_dir goes: not $TMPDIR or tmp_path, which may lie below a 0700 directory
+#: (the test run's own temp dir is one), but /tmp itself, which every user can traverse.
+WORLD_BASE = Path("/tmp")
+
+
 @pytest.fixture
 def world_dir() -> Iterator[Path]:
-    """A 0755 directory every user can traverse (pytest's tmp_path lies under a 0700 one)."""
-    path = Path(tempfile.mkdtemp(prefix="rootstock-test-"))
+    """A 0755 directory every user can traverse, whatever $TMPDIR and tmp_path are."""
+    for directory in (WORLD_BASE, *WORLD_BASE.parents):
+        assert directory.stat().st_mode & stat.S_IXOTH, f"{directory} is not o+x"
+    path = Path(tempfile.mkdtemp(prefix="rs-world-", dir=WORLD_BASE))
     path.chmod(0o755)
     try:
         yield path
@@ -330,8 +337,9 @@ def test_world_usable_reads_mode_bits_along_the_real_path(world_dir):
     # Root passes every permission check, so these assert the mode logic, not access.
     public = world_dir / "public"
     private = world_dir / "private"
-    public.mkdir(mode=0o755)
-    private.mkdir(mode=0o755)
+    public.mkdir()
+    private.mkdir()
+    public.chmod(0o755)  # mkdir's mode is masked by the umask; chmod is not
     private.chmod(0o700)
     for directory in (public, private):
         exe = directory / "python3"
@@ -355,6 +363,7 @@ def test_private_explicit_interpreter_is_warned_about(tmp_path, world_dir):
     layout = InstallLayout(tmp_path, tmp_path)
     private = world_dir / "home" / "alice"
     private.mkdir(parents=True)
+    private.parent.chmod(0o755)
     private.chmod(0o700)
     copy = private / "python3"
     shutil.copy2(base_python(), copy)
