@@ -4,6 +4,7 @@ request; see tests/envs/malformed_results.py)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -57,8 +58,25 @@ def test_a_segfault_in_setup_is_reported_as_loading_the_model(malformed_root: Pa
     assert "Segmentation fault" in err.output_tail  # faulthandler's dump, with the frames
 
 
-def test_a_worker_rootstock_killed_itself_is_not_blamed_on_the_oom_killer(malformed_root: Path):
-    """The model exits, but a thread it started keeps the closed worker alive."""
+@pytest.mark.parametrize("slow_kill", [False, True], ids=["kill", "slow-kill"])
+def test_a_worker_rootstock_killed_itself_is_not_blamed_on_the_oom_killer(
+    malformed_root: Path, monkeypatch: pytest.MonkeyPatch, slow_kill: bool
+):
+    """The model exits, but a thread it started keeps the closed worker alive.
+
+    ``slow-kill`` stands for a loaded machine, where the killer is descheduled right
+    before its SIGKILL: the worker must still die of that SIGKILL, not of its
+    lifeline's end-of-file (``STARTER_GONE_EXIT``), which would come first if the
+    lifeline were cut before the kill.
+    """
+    if slow_kill:
+        killpg = os.killpg
+
+        def descheduled_killpg(pgid: int, sig: int) -> None:
+            time.sleep(0.5)
+            killpg(pgid, sig)
+
+        monkeypatch.setattr(os, "killpg", descheduled_killpg)
     atoms = cu()
     with RootstockCalculator(
         root=malformed_root, checkpoint=CHECKPOINT, device="cpu", timeout=60
@@ -85,7 +103,6 @@ def test_a_worker_rootstock_killed_itself_is_not_blamed_on_the_oom_killer(malfor
 
 def test_a_dead_worker_is_still_described_by_its_own_exit(malformed_root: Path):
     """A SIGKILL that rootstock did not send keeps its usual explanation."""
-    import os
     import threading
 
     atoms = cu()

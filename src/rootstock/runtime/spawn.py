@@ -284,11 +284,14 @@ class WorkerProcess:
         """
         if self.popen.returncode is None:
             exited = grace > 0 and self.wait_exit(grace)
-            # Cut only after the grace: a worker finishing an EXIT keeps its status 0.
-            self._cut_lifeline()
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 # Also reaps grandchildren the model may have started (compile workers).
                 os.killpg(self.pid, signal.SIGKILL)
+            # Cut only after the grace (a worker finishing an EXIT keeps its status 0)
+            # and after the kill: a cut lifeline ends the worker with STARTER_GONE_EXIT,
+            # which would win the race against a killer descheduled in between, and a
+            # worker we killed would read as one that exited by itself.
+            self._cut_lifeline()
             if not exited:
                 log.debug("worker %d did not exit within %.1f s; killed", self.pid, grace)
             self.popen.wait()
