@@ -2,7 +2,9 @@
 
 mlipx 0.1.5 runs each node as a DVC stage (``dvc repro`` -> ``zntrack run``), so each
 test works in a fresh git + DVC repository under tmp_path, offline, and checks that
-no worker outlives the stages.
+no worker outlives the stages. Other pytest processes of the run use the same root at
+the same time, so the workers looked for are the ones carrying this test's own mark in
+their environment (the stages and their workers inherit it).
 """
 
 from __future__ import annotations
@@ -80,8 +82,14 @@ def _assert_matches_emt(frames: list[Atoms], reference: list[Atoms]) -> tuple[fl
     )
 
 
-def _workers_of(root: Path) -> list[int]:
-    """Pids of live processes whose command line names ``root`` (workers of it)."""
+# Set to the test's repository for everything the test starts; workers inherit it.
+STAGE_MARK_ENV = "ROOTSTOCK_TEST_MLIPX_REPO"
+
+
+def _workers_of(root: Path, mark: str) -> list[int]:
+    """Pids of live processes whose command line names ``root`` (workers of it) and
+    whose environment holds ``mark`` (started by this test, not by another pytest
+    process of the run using the same root)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -89,9 +97,10 @@ def _workers_of(root: Path) -> list[int]:
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            environ = (entry / "environ").read_bytes().split(b"\0")
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        if str(root).encode() in cmdline and state not in ("Z", "X"):
+        if str(root).encode() in cmdline and state not in ("Z", "X") and mark.encode() in environ:
             pids.append(int(entry.name))
     return pids
 
@@ -100,16 +109,21 @@ def _workers_of(root: Path) -> list[int]:
 def dvc_repo(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_built_root: Path
 ) -> Iterator[Path]:
-    """A git + DVC repository as the cwd, DVC offline; no worker of the root after."""
-    assert not _workers_of(fake_built_root), "a worker of the test root was already running"
+    """A git + DVC repository as the cwd, DVC offline; no worker of the root after
+    that this test started."""
     repo = tmp_path / "repo"
     repo.mkdir()
+    mark = f"{STAGE_MARK_ENV}={repo}"
+    monkeypatch.setenv(STAGE_MARK_ENV, str(repo))
+    # Each stage spawns its own workers (a pooled one would be the daemon's child and
+    # could predate the mark).
+    monkeypatch.delenv("ROOTSTOCK_POOL", raising=False)
     monkeypatch.chdir(repo)
     monkeypatch.setenv("DVC_NO_ANALYTICS", "1")
     # dvc repro runs `zntrack run` and the recipe runs `python`: this interpreter's.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     yield repo
-    assert not _workers_of(fake_built_root), "a worker outlived the mlipx stages"
+    assert not _workers_of(fake_built_root, mark), "a worker outlived the mlipx stages"
 
 
 def _init_repo() -> None:
