@@ -9,6 +9,11 @@ directories (``rootstock-*``) left in the run's ``$TMPDIR``. Anything found fail
 the run, named, and is then removed, so that nothing outlives the run either way.
 ``rootstock-<uid>`` is not a run dir but the user's lasting directory (the pool and
 compiler cache fallback), which the product's own sweep of dead run dirs skips too.
+
+The checking process's own live descendants, and the run dirs they or it made, are not
+leftovers: they end with it (a worker's lifeline, a session's exit finalizer, the
+multiprocessing resource tracker). Under pytest-xdist the workers have exited by then,
+so whatever they left is seen.
 """
 
 from __future__ import annotations
@@ -57,10 +62,32 @@ def _ancestors() -> set[int]:
     return pids
 
 
+def _descendants() -> set[int]:
+    """This process's live descendants."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(name))
+    found: set[int] = set()
+    todo = [os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def marked_processes(run_dir: Path) -> list[tuple[int, str]]:
-    """Live processes (not zombies, not this one or its ancestors) of the run."""
+    """Live processes of the run (not zombies, not this one, its ancestors or its own
+    descendants)."""
     marker = f"{RUN_DIR_ENV}={run_dir}".encode()
-    skip = _ancestors()
+    skip = _ancestors() | _descendants()
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) in skip:
@@ -99,10 +126,16 @@ def find_leftovers(
     # rootstock-<uid> is the user's lasting directory, never a run dir (as in
     # rootstock.runtime.server.sweep_dead_run_dirs).
     lasting = f"{RUN_DIR_PREFIX}{os.getuid()}"
+    # A run dir's name carries its maker's pid: rootstock-<pid>-<random>.
+    ours = {f"{RUN_DIR_PREFIX}{pid}-" for pid in _descendants() | {os.getpid()}}
     run_dirs = []
     with contextlib.suppress(OSError):
         run_dirs = sorted(
-            p for p in tmp_dir.iterdir() if p.name.startswith(RUN_DIR_PREFIX) and p.name != lasting
+            p
+            for p in tmp_dir.iterdir()
+            if p.name.startswith(RUN_DIR_PREFIX)
+            and p.name != lasting
+            and not any(p.name.startswith(prefix) for prefix in ours)
         )
     return Leftovers(processes, mounts_below([run_dir, *temp_roots]), run_dirs)
 

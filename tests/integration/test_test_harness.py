@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -77,27 +80,54 @@ def test_leftovers_name_the_run_s_processes_and_run_dirs_and_remove_them(tmp_pat
     (run_dir / "tmp" / "pytest-of-me").mkdir()
     # The user's lasting directory (pool and compiler cache fallback) is no run dir.
     (run_dir / "tmp" / f"rootstock-{os.getuid()}").mkdir()
-    ours = subprocess.Popen(
-        ["sleep", "300"], env={**os.environ, RUN_DIR_ENV: str(run_dir)}, start_new_session=True
+    # A leftover is no longer this process's descendant: the shell that started it
+    # exits, and it is re-parented.
+    started = subprocess.run(
+        ["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 & echo $!"],
+        env={**os.environ, RUN_DIR_ENV: str(run_dir)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
     )
+    leftover = int(started.stdout)
     other = subprocess.Popen(
         ["sleep", "300"], env={**os.environ, RUN_DIR_ENV: str(tmp_path / "another-run")}
     )
+    # A child of the checking process (and its run dir) ends with it: not a leftover.
+    child = subprocess.Popen(["sleep", "300"], env={**os.environ, RUN_DIR_ENV: str(run_dir)})
+    (run_dir / "tmp" / f"rootstock-{child.pid}-xyz").mkdir()
     try:
         found = find_leftovers(run_dir, run_dir / "tmp", [tmp_path], settle_s=0.5)
-        assert [pid for pid, _ in found.processes] == [ours.pid]
+        assert [pid for pid, _ in found.processes] == [leftover]
         assert "sleep 300" in found.lines()[0]
         assert found.run_dirs == [run_dir / "tmp" / "rootstock-123-abc"]
         assert found.mounts == []
         remove_leftovers(found)
-        assert ours.wait(timeout=30) == -9
+        wait_gone(leftover)
         assert not (run_dir / "tmp" / "rootstock-123-abc").exists()
         assert (run_dir / "tmp" / f"rootstock-{os.getuid()}").is_dir()
         assert other.poll() is None
     finally:
-        for proc in (ours, other):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(leftover, signal.SIGKILL)
+        for proc in (other, child):
             proc.kill()
             proc.wait(timeout=30)
+
+
+def wait_gone(pid: int, deadline_s: float = 60.0) -> None:
+    """Wait until ``pid`` is gone or a zombie (its new parent reaps it)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} still alive {deadline_s} s after SIGKILL")
 
 
 def test_a_run_with_nothing_left_finds_nothing(tmp_path):
