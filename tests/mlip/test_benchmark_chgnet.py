@@ -1,9 +1,11 @@
 """``rootstock benchmark`` on CHGNet: a real model through the worker and in its env.
 
 ``chgnet-0.3.0`` is fetched first (its weights ship in the wheel, so the fetch is
-quick). Both runs get the same thread count, and the energies of the two runs of
-the seeded walk must agree: the same model on the same geometries. Timings are
-only checked for being positive.
+quick), into a root of the module's own: a copy of the run's shared CHGNet env
+(tests/mlip/private_root.py), since a fetch writes the manifest and the shared root
+is used by other processes of the run at the same time. Both runs get the same thread
+count, and the energies of the two runs of the seeded walk must agree: the same model
+on the same geometries. Timings are only checked for being positive.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_rootstock
+from tests.mlip.private_root import private_family_root
 
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1800)]
 
@@ -28,10 +31,12 @@ def rs(root: Path, *args: str, check: bool = True, timeout: float = 1500):
 
 
 @pytest.fixture(scope="module")
-def chgnet_root(mlip_root: Path) -> Path:
-    """The family root with ``chgnet-0.3.0`` fetched."""
-    rs(mlip_root, "add", "chgnet-0.3.0", "--no-verify", "--no-push", "--no-perm-check")
-    return mlip_root
+def chgnet_root(mlip_root: Path, user_uv_cache: Path, tmp_path_factory) -> Path:
+    """A root of the module's own with the CHGNet env and only ``chgnet-0.3.0`` fetched."""
+    path = tmp_path_factory.mktemp("benchmark") / "root"
+    private_family_root(mlip_root, path, ("chgnet",), user_uv_cache)
+    rs(path, "add", "chgnet-0.3.0", "--no-verify", "--no-push", "--no-perm-check")
+    return path
 
 
 def test_chgnet_benchmark_json(chgnet_root: Path):
@@ -80,13 +85,9 @@ def test_chgnet_id_rule(chgnet_root: Path):
 
     manifest = json.loads((chgnet_root / "manifest.json").read_text())
     recorded = manifest["envs"]["chgnet"]["checkpoints"]
-    unfetched = [
-        c
-        for c in ("chgnet-r2scan", "chgnet-0.2.0")
-        if not (recorded.get(c) or {}).get("fetched_at")
-    ]
-    if not unfetched:
-        pytest.skip("every CHGNet id is fetched in this session's root")
-    proc = rs(chgnet_root, "benchmark", unfetched[0], "--device", "cpu", check=False)
+    assert not (recorded.get("chgnet-r2scan") or {}).get("fetched_at"), (
+        "only chgnet-0.3.0 is fetched in the module's root"
+    )
+    proc = rs(chgnet_root, "benchmark", "chgnet-r2scan", "--device", "cpu", check=False)
     assert proc.returncode == 1, proc.stderr
-    assert f"rootstock add {unfetched[0]} --no-verify" in proc.stderr
+    assert "rootstock add chgnet-r2scan --no-verify" in proc.stderr

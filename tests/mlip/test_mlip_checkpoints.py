@@ -1,8 +1,12 @@
 """``add``, ``smoke-test`` and drift on real CHGNet and SevenNet envs, on the CPU.
 
-``mlip_root`` is shared by the session: every hotfix here is undone (the original
-``env_source.py`` moved back into place, then re-verified or re-accepted), so the
-root is left built, fetched and verified. Each worker spawn costs 10-40 s on a
+Every test here changes its root (checkpoint records, a rebuild, hotfixed sources), so
+the module works on a root of its own: copies of the CHGNet and SevenNet envs that the
+run's shared family root holds (tests/mlip/private_root.py). Other processes of the
+run use the shared root at the same time; a hotfix there reached their workers. Within
+the module every hotfix is still undone (the original ``env_source.py`` moved back
+into place, then re-verified or re-accepted), so each test finds the root built,
+and verified where an earlier test verified it. Each worker spawn costs 10-40 s on a
 small CPU box, so the tests stay few.
 """
 
@@ -18,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_rootstock
+from tests.mlip.private_root import private_family_root
 
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1800)]
 
@@ -79,10 +84,17 @@ def ensure_verified(root: Path, env: str, checkpoint: str) -> None:
         assert add_json(root, checkpoint, "--device", "cpu")["state"] == "verified"
 
 
+@pytest.fixture(scope="module")
+def own_root(mlip_root: Path, user_uv_cache: Path, tmp_path_factory) -> Path:
+    """The module's own root with the CHGNet and SevenNet envs of the shared ``mlip_root``."""
+    path = tmp_path_factory.mktemp("checkpoints") / "root"
+    return private_family_root(mlip_root, path, ("chgnet", "sevennet"), user_uv_cache)
+
+
 @pytest.fixture
-def live_sources(mlip_root: Path) -> Iterator[dict[str, Path]]:
+def live_sources(own_root: Path) -> Iterator[dict[str, Path]]:
     """The built envs' ``env_source.py``; any left edited is restored at teardown."""
-    paths = {name: mlip_root / "envs" / name / "env_source.py" for name in ("chgnet", "sevennet")}
+    paths = {name: own_root / "envs" / name / "env_source.py" for name in ("chgnet", "sevennet")}
     originals = {name: path.read_bytes() for name, path in paths.items()}
     yield paths
     for name, path in paths.items():
@@ -97,38 +109,38 @@ def replace_source(path: Path, source: bytes) -> None:
     os.replace(copy, path)
 
 
-def test_chgnet_maintainer_flow_on_cpu(mlip_root: Path, torch_pin: dict[str, str]):
-    fetched = add_json(mlip_root, "chgnet-0.3.0", "--no-verify")
+def test_chgnet_maintainer_flow_on_cpu(own_root: Path, torch_pin: dict[str, str]):
+    fetched = add_json(own_root, "chgnet-0.3.0", "--no-verify")
     assert fetched["state"] == "fetched" and fetched["env"] == "chgnet"
-    assert state_of(mlip_root, "chgnet", "chgnet-0.3.0")["state"] in ("fetched", "verified")
+    assert state_of(own_root, "chgnet", "chgnet-0.3.0")["state"] in ("fetched", "verified")
 
-    verified = add_json(mlip_root, "chgnet-0.3.0", "--device", "cpu")
+    verified = add_json(own_root, "chgnet-0.3.0", "--device", "cpu")
     assert verified["downloaded"] is False and verified["state"] == "verified", verified
-    state = state_of(mlip_root, "chgnet", "chgnet-0.3.0")
+    state = state_of(own_root, "chgnet", "chgnet-0.3.0")
     assert (state["state"], state["device_kind"]) == ("verified", "cpu")
 
-    code, summary = smoke_json(mlip_root, "--env", "chgnet")
+    code, summary = smoke_json(own_root, "--env", "chgnet")
     assert code == 0 and summary["ok"] is True
     by_id = {r["checkpoint"]: r for r in summary["results"]}
     assert by_id["chgnet-0.3.0"]["state"] == "verified"
     assert {r["env"] for r in summary["results"]} == {"chgnet"}
-    fingerprint = cpu_record(mlip_root, "chgnet", "chgnet-0.3.0")["fingerprint"]
+    fingerprint = cpu_record(own_root, "chgnet", "chgnet-0.3.0")["fingerprint"]
     assert math.isfinite(fingerprint["energy_per_atom"]) and fingerprint["energy_per_atom"] < 0
     assert math.isfinite(fingerprint["force_norm"]) and len(fingerprint["stress"]) == 6
     assert fingerprint["device_kind"] == "cpu" and fingerprint["torch"]
 
     # A rebuild (from the lockfile, same local torch wheel) makes the pass stale...
-    run_rootstock("install", "chgnet", "--force", "--root", mlip_root, env=torch_pin, timeout=1800)
-    state = state_of(mlip_root, "chgnet", "chgnet-0.3.0")
+    run_rootstock("install", "chgnet", "--force", "--root", own_root, env=torch_pin, timeout=1800)
+    state = state_of(own_root, "chgnet", "chgnet-0.3.0")
     assert state["state"] == "stale" and "rebuilt" in state["message"]
     # ...and re-verifying it to the same fingerprint clears it.
-    code, summary = smoke_json(mlip_root, "--checkpoint", "chgnet-0.3.0")
+    code, summary = smoke_json(own_root, "--checkpoint", "chgnet-0.3.0")
     assert code == 0 and summary["counts"] == {"verified": 1}, summary
-    assert state_of(mlip_root, "chgnet", "chgnet-0.3.0")["state"] == "verified"
+    assert state_of(own_root, "chgnet", "chgnet-0.3.0")["state"] == "verified"
 
 
-def test_sevennet_mf_0_needs_its_verify_kwargs(mlip_root: Path, live_sources):
-    verified = add_json(mlip_root, "sevennet-mf-0", "--device", "cpu")
+def test_sevennet_mf_0_needs_its_verify_kwargs(own_root: Path, live_sources):
+    verified = add_json(own_root, "sevennet-mf-0", "--device", "cpu")
     assert verified["state"] == "verified", verified
     assert verified["kwargs"] == {"modal": "PBE"}, "VERIFY_KWARGS supplied the head"
 
@@ -138,7 +150,7 @@ def test_sevennet_mf_0_needs_its_verify_kwargs(mlip_root: Path, live_sources):
     assert count == 1
     try:
         replace_source(path, stripped)
-        code, summary = smoke_json(mlip_root, "--checkpoint", "sevennet-mf-0")
+        code, summary = smoke_json(own_root, "--checkpoint", "sevennet-mf-0")
         assert code == 1
         (result,) = summary["results"]
         assert result["state"] == "failed"
@@ -147,12 +159,12 @@ def test_sevennet_mf_0_needs_its_verify_kwargs(mlip_root: Path, live_sources):
     finally:
         replace_source(path, original)
         # Leave the shared root verified again (the failure ran a hotfixed source).
-        assert add_json(mlip_root, "sevennet-mf-0", "--device", "cpu")["state"] == "verified"
+        assert add_json(own_root, "sevennet-mf-0", "--device", "cpu")["state"] == "verified"
 
 
-def test_chgnet_drift_is_caught_and_accepted(mlip_root: Path, live_sources):
-    ensure_verified(mlip_root, "chgnet", "chgnet-0.3.0")
-    reference = cpu_record(mlip_root, "chgnet", "chgnet-0.3.0")["reference"]["fingerprint"]
+def test_chgnet_drift_is_caught_and_accepted(own_root: Path, live_sources):
+    ensure_verified(own_root, "chgnet", "chgnet-0.3.0")
+    reference = cpu_record(own_root, "chgnet", "chgnet-0.3.0")["reference"]["fingerprint"]
 
     path = live_sources["chgnet"]
     original = path.read_bytes()
@@ -161,18 +173,18 @@ def test_chgnet_drift_is_caught_and_accepted(mlip_root: Path, live_sources):
     drifted = source.replace("\ndef setup(", "\ndef _undrifted_setup(") + DRIFTED_SETUP
     try:
         replace_source(path, drifted.encode())
-        code, summary = smoke_json(mlip_root, "--checkpoint", "chgnet-0.3.0")
+        code, summary = smoke_json(own_root, "--checkpoint", "chgnet-0.3.0")
         assert code == 1 and summary["counts"] == {"drifted": 1}, summary
         assert "energy_per_atom" in summary["results"][0]["message"]
-        assert state_of(mlip_root, "chgnet", "chgnet-0.3.0")["state"] == "drifted"
+        assert state_of(own_root, "chgnet", "chgnet-0.3.0")["state"] == "drifted"
 
-        accepted = add_json(mlip_root, "chgnet-0.3.0", "--accept-drift", "--device", "cpu")
+        accepted = add_json(own_root, "chgnet-0.3.0", "--accept-drift", "--device", "cpu")
         assert accepted["state"] == "verified"
-        new = cpu_record(mlip_root, "chgnet", "chgnet-0.3.0")["reference"]["fingerprint"]
+        new = cpu_record(own_root, "chgnet", "chgnet-0.3.0")["reference"]["fingerprint"]
         assert new["energy_per_atom"] == pytest.approx(1.001 * reference["energy_per_atom"], 1e-5)
     finally:
         replace_source(path, original)
         # The original physics is now the drift: accept it back so the root stays verified.
-        restored = add_json(mlip_root, "chgnet-0.3.0", "--accept-drift", "--device", "cpu")
+        restored = add_json(own_root, "chgnet-0.3.0", "--accept-drift", "--device", "cpu")
         assert restored["state"] == "verified"
-    assert state_of(mlip_root, "chgnet", "chgnet-0.3.0")["state"] == "verified"
+    assert state_of(own_root, "chgnet", "chgnet-0.3.0")["state"] == "verified"
