@@ -12,6 +12,13 @@ Every family test follows one pattern:
    ``assert_agree`` compares them;
 4. :func:`rootstock.ops.consistency.check_consistency` runs through the same
    calculator, so a unit or sign error fails the family test.
+
+Every start of an env's Python or of a worker imports torch and the family (seconds
+of CPU on two cores, and the run shares those cores among its xdist workers), so a
+module starts as few as its tests need: ``in_process_models(..., build=(SCRIPT,
+[out]))`` saves the random model and then runs it (and other models of the env)
+in-process in one start, and module-scoped fixtures hold results that several
+tests check.
 """
 
 from __future__ import annotations
@@ -45,21 +52,25 @@ IN_PROCESS = textwrap.dedent("""
     spec.loader.exec_module(module)
     s = request["structure"]
     atoms = Atoms(symbols=s["symbols"], positions=s["positions"], cell=s["cell"], pbc=s["pbc"])
-    kwargs = request["kwargs"]
-    if request["weights"] is not None:
-        calc = module.setup_from_path(request["weights"], device=request["device"], **kwargs)
-    else:
-        calc = module.setup(request["checkpoint"], device=request["device"], **kwargs)
-    atoms.calc = calc
-    out = {"energy": float(atoms.get_potential_energy()),
-           "forces": np.asarray(atoms.get_forces(), dtype=float).tolist()}
-    if atoms.pbc.all():
-        out["stress"] = np.asarray(atoms.get_stress(), dtype=float).tolist()
-    for name in request["extras"]:
-        value = calc.results.get(name)
-        if value is not None:
-            out[name] = np.asarray(value, dtype=float).tolist()
-    print("ROOTSTOCK-RESULT " + json.dumps(out))
+    results = []
+    for model in request["models"]:
+        kwargs = model["kwargs"]
+        if model["weights"] is not None:
+            calc = module.setup_from_path(model["weights"], device=model["device"], **kwargs)
+        else:
+            calc = module.setup(model["checkpoint"], device=model["device"], **kwargs)
+        work = atoms.copy()
+        work.calc = calc
+        out = {"energy": float(work.get_potential_energy()),
+               "forces": np.asarray(work.get_forces(), dtype=float).tolist()}
+        if work.pbc.all():
+            out["stress"] = np.asarray(work.get_stress(), dtype=float).tolist()
+        for name in request["extras"]:
+            value = calc.results.get(name)
+            if value is not None:
+                out[name] = np.asarray(value, dtype=float).tolist()
+        results.append(out)
+    print("ROOTSTOCK-RESULT " + json.dumps(results))
 """)
 
 
@@ -95,11 +106,38 @@ def run_in_env(root: Path, env: str, script: str, *args: Any, timeout: float = 6
     return proc.stdout
 
 
+def built_first(script: str, args: list[Any]) -> str:
+    """Python source that runs ``script`` as :func:`run_in_env` would with ``args``, then
+    puts ``sys.argv`` back: put before another in-env script, it builds and saves a
+    random model in the same run of the env's Python, which saves an interpreter and an
+    import of the family (seconds on two cores). The script after it still loads the
+    model from the saved file, through ``setup_from_path`` as the worker does."""
+    argv = [str(arg) for arg in args]
+    return textwrap.dedent(f"""
+        import sys as _sys
+        _argv = _sys.argv
+        _sys.argv = [_argv[0], *{argv!r}]
+        exec(compile({textwrap.dedent(script)!r}, "<build>", "exec"), {{"__name__": "__main__"}})
+        _sys.argv = _argv
+        del _sys, _argv
+    """)
+
+
 def structure(seed: int = 3):
     """32 Cu atoms: a cubic fcc 2x2x2 supercell, rattled (the family tests' structure)."""
     from ase.build import bulk
 
     atoms = bulk("Cu", "fcc", a=3.6, cubic=True) * (2, 2, 2)
+    atoms.rattle(0.05, seed=seed)
+    return atoms
+
+
+def small_structure(seed: int = 3):
+    """8 Cu atoms: the fcc primitive cell 2x2x2, rattled (for a model whose every call
+    is dear on two cores: ORB's full-size orb-v3)."""
+    from ase.build import bulk
+
+    atoms = bulk("Cu", "fcc", a=3.6) * (2, 2, 2)
     atoms.rattle(0.05, seed=seed)
     return atoms
 
@@ -129,16 +167,53 @@ def in_process(
 
     ``weights`` calls ``setup_from_path(weights)`` instead of ``setup(checkpoint)``.
     """
-    request = {
+    model = model_request(checkpoint=checkpoint, weights=weights, kwargs=kwargs, device=device)
+    (result,) = in_process_models(root, env, [model], atoms=atoms, extras=extras, timeout=timeout)
+    return result
+
+
+def model_request(
+    *,
+    checkpoint: str | None = None,
+    weights: Path | None = None,
+    kwargs: dict[str, Any] | None = None,
+    device: str = "cpu",
+) -> dict[str, Any]:
+    """One model for :func:`in_process_models`: ``setup(checkpoint)`` or, given
+    ``weights``, ``setup_from_path(weights)``, with ``kwargs``."""
+    return {
         "checkpoint": checkpoint,
         "weights": str(weights) if weights is not None else None,
         "kwargs": kwargs or {},
         "device": device,
+    }
+
+
+def in_process_models(
+    root: Path,
+    env: str,
+    models: list[dict[str, Any]],
+    *,
+    atoms=None,
+    extras: tuple[str, ...] = EXTRA_PROPERTIES,
+    build: tuple[str, list[Any]] | None = None,
+    timeout: float = 900,
+) -> list[dict[str, Any]]:
+    """:func:`in_process` for several models of one env (:func:`model_request`), one
+    after the other in one run of the env's Python: one interpreter and import instead
+    of one per model. Each model gets a fresh copy of the structure.
+
+    ``build=(script, args)`` first runs a script that saves a random model (as
+    :func:`run_in_env` would), in the same run: see :func:`built_first`.
+    """
+    request = {
+        "models": models,
         "structure": _structure_json(atoms if atoms is not None else structure()),
         "extras": list(extras),
     }
+    script = IN_PROCESS if build is None else built_first(*build) + IN_PROCESS
     source = root / "envs" / env / "env_source.py"
-    out = run_in_env(root, env, IN_PROCESS, source, json.dumps(request), timeout=timeout)
+    out = run_in_env(root, env, script, source, json.dumps(request), timeout=timeout)
     line = next(x for x in reversed(out.splitlines()) if x.startswith("ROOTSTOCK-RESULT "))
     return json.loads(line.removeprefix("ROOTSTOCK-RESULT "))
 

@@ -42,7 +42,7 @@ import pytest
 from ase import Atoms
 from ase.build import bulk
 
-from tests.mlip.family import run_in_env
+from tests.mlip.family import built_first, run_in_env
 
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(900)]
 
@@ -173,16 +173,26 @@ def model(checkpoint: str | None = None, weights: Path | None = None, **kwargs: 
 
 
 def batch_against_loop(
-    root: Path, env: str, models: list[dict], images: list[Atoms], properties: tuple[str, ...]
+    root: Path,
+    env: str,
+    models: list[dict],
+    images: list[Atoms],
+    properties: tuple[str, ...],
+    build: tuple[str, list[Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Per model, ``{"loop", "batch", "after"}`` from the env's Python."""
+    """Per model, ``{"loop", "batch", "after"}`` from the env's Python.
+
+    ``build=(script, args)`` first saves random weights in the same run (one start of
+    the env's Python instead of two): see :func:`tests.mlip.family.built_first`.
+    """
     request = {
         "models": models,
         "structures": [_structure_json(a) for a in images],
         "properties": list(properties),
     }
+    script = BATCH_AGAINST_LOOP if build is None else built_first(*build) + BATCH_AGAINST_LOOP
     source = root / "envs" / env / "env_source.py"
-    out = run_in_env(root, env, BATCH_AGAINST_LOOP, source, json.dumps(request), timeout=600)
+    out = run_in_env(root, env, script, source, json.dumps(request), timeout=600)
     line = next(x for x in reversed(out.splitlines()) if x.startswith("ROOTSTOCK-RESULT "))
     return json.loads(line.removeprefix("ROOTSTOCK-RESULT "))
 
@@ -314,10 +324,12 @@ def test_mace_hook_equals_one_at_a_time(family_env, same_threads, tmp_path):
     1e-7 eV/Å^3; gold is outside its element table and fails in its own slot."""
     root = family_env("mace")
     weights = tmp_path / "random-mace-ni-cu.model"
-    run_in_env(root, "mace", random_mace_script(), weights)
     images = [*mixed_batch(*MACE_ELEMENTS), unknown_species("Au")]
     properties = ("energy", "forces", "stress", "energies")
-    (report,) = batch_against_loop(root, "mace", [model(weights=weights)], images, properties)
+    build = (random_mace_script(), [weights])
+    (report,) = batch_against_loop(
+        root, "mace", [model(weights=weights)], images, properties, build=build
+    )
     print("mace hook vs loop (max relative):", assert_hook_matches(report, 1e-6, {5}))
     assert np.abs(np.asarray(report["loop"][1]["forces"])).max() > 1e-3  # not a flat model
     # Through rootstock the worker asks for what the test asks: energy, forces, stress.
@@ -335,14 +347,14 @@ def test_orb_hook_equals_one_at_a_time(family_env, same_threads, tmp_path):
 
     root = family_env("orb")
     files = {kind: tmp_path / f"random-orb-v3-{kind}.pt" for kind in ("conservative", "direct")}
-    run_in_env(root, "orb", BUILD_RANDOM_ORB, files["conservative"], files["direct"])
     images = mixed_batch("Cu", "Au")
     properties = ("energy", "forces", "stress")
     models = [
         model(weights=files["conservative"], architecture=CONSERVATIVE),
         model(weights=files["direct"], architecture=DIRECT),
     ]
-    conservative, direct = batch_against_loop(root, "orb", models, images, properties)
+    build = (BUILD_RANDOM_ORB, [files["conservative"], files["direct"]])
+    conservative, direct = batch_against_loop(root, "orb", models, images, properties, build)
     print("orb conservative hook vs loop:", assert_hook_matches(conservative, 5e-5, set()))
     print("orb direct hook vs loop:", assert_hook_matches(direct, 5e-5, set()))
     batch, singles = through_rootstock(

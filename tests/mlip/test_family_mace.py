@@ -20,9 +20,9 @@ from rootstock.ops.consistency import ConsistencyReport
 from tests.mlip.family import (
     agreement,
     assert_agree,
-    in_process,
+    in_process_models,
+    model_request,
     ratios,
-    run_in_env,
     session_with_check,
     through_calculator,
 )
@@ -74,11 +74,19 @@ def mace_root(family_env) -> Path:
 
 
 @pytest.fixture(scope="module")
-def random_mace(mace_root: Path, tmp_path_factory) -> Path:
-    """A random ``ScaleShiftMACE`` saved as a ``.model`` file (once per module)."""
+def built_mace(mace_root: Path, tmp_path_factory) -> tuple[Path, dict]:
+    """A random ``ScaleShiftMACE`` saved as a ``.model`` file, then loaded back from it
+    and run in-process (one run of the env's Python, once per module): (file, results)."""
     path = tmp_path_factory.mktemp("mace-weights") / "random-mace.model"
-    run_in_env(mace_root, "mace", BUILD_RANDOM_MACE, path)
-    return path
+    build = (BUILD_RANDOM_MACE, [path])
+    (reference,) = in_process_models(mace_root, "mace", [model_request(weights=path)], build=build)
+    return path, reference
+
+
+@pytest.fixture(scope="module")
+def random_mace(built_mace: tuple[Path, dict]) -> Path:
+    """The random ``ScaleShiftMACE``'s ``.model`` file."""
+    return built_mace[0]
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +96,9 @@ def through_rootstock(
     return session_with_check(mace_root, "mace:custom", weights=random_mace, dtype="float64")
 
 
-def test_random_mace_through_rootstock_agrees_with_in_process(
-    mace_root: Path, random_mace: Path, through_rootstock
-):
+def test_random_mace_through_rootstock_agrees_with_in_process(built_mace, through_rootstock):
     ours, _ = through_rootstock
-    reference = in_process(mace_root, "mace", weights=random_mace)
+    _, reference = built_mace
     figures = agreement(ours, reference)
     print(f"mace agreement (max relative difference): {figures}")
     # Random weights, but not a trivial model: E0 sets the energy, the layers the forces.

@@ -34,9 +34,10 @@ from rootstock.ops.verify import default_reference
 from tests.mlip.family import (
     agreement,
     assert_agree,
-    in_process,
+    in_process_models,
+    model_request,
     run_in_env,
-    structure,
+    small_structure,
 )
 
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1200)]
@@ -59,8 +60,9 @@ ENERGY_RTOL = 1e-6
 
 # Full-size orb-v3 (~25.5M parameters, ~100 MB saved): the architecture functions'
 # size knobs (latent_dim, ...) change the state dict's shapes, so a smaller model
-# would not load into any named architecture. One energy+forces+stress call on the
-# 32-atom cell takes ~3.5 s (conservative) or ~1.3 s (direct) on two cores.
+# would not load into any named architecture. One energy+forces+stress call on a
+# 32-atom cell takes ~1-3.5 s (conservative) or ~1.3 s (direct) on two cores, so every
+# structure here has 8 atoms (small_structure(), and the verification reference).
 # A random energy head varies by a few meV over the cell (forces ~0.05 eV/Å,
 # on a -170 eV total of fixed per-element reference energies), so the finite
 # differences would compare float32 noise. The energy normaliser's variance is a
@@ -79,14 +81,37 @@ BUILD_RANDOM_ORB = """
 """
 
 
+ARCHITECTURES = {"conservative": CONSERVATIVE, "direct": DIRECT}
+
+
 @pytest.fixture(scope="module")
-def random_orb(family_env, tmp_path_factory) -> tuple[Path, dict[str, Path]]:
-    """(family root, {"conservative": file, "direct": file}) of random orb-v3 state dicts."""
+def built_orb(family_env, tmp_path_factory) -> dict[str, Any]:
+    """Random orb-v3 state dicts, built and then each run in-process on
+    :func:`small_structure`, in one run of the env's Python: ``root``, ``files`` and
+    ``in_process`` (by kind: "conservative", "direct")."""
     root = family_env(ENV)
     folder = tmp_path_factory.mktemp("orb")
-    files = {kind: folder / f"random-orb-v3-{kind}.pt" for kind in ("conservative", "direct")}
-    run_in_env(root, ENV, BUILD_RANDOM_ORB, files["conservative"], files["direct"])
-    return root, files
+    files = {kind: folder / f"random-orb-v3-{kind}.pt" for kind in ARCHITECTURES}
+    requests = [
+        model_request(weights=files[kind], kwargs={"architecture": architecture})
+        for kind, architecture in ARCHITECTURES.items()
+    ]
+    build = (BUILD_RANDOM_ORB, [files["conservative"], files["direct"]])
+    results = in_process_models(root, ENV, requests, atoms=small_structure(), build=build)
+    in_process = dict(zip(ARCHITECTURES, results, strict=True))
+    return {"root": root, "files": files, "in_process": in_process}
+
+
+@pytest.fixture(scope="module")
+def random_orb(built_orb) -> tuple[Path, dict[str, Path]]:
+    """(family root, {"conservative": file, "direct": file}) of random orb-v3 state dicts."""
+    return built_orb["root"], built_orb["files"]
+
+
+@pytest.fixture(scope="module")
+def in_process_results(built_orb) -> dict[str, dict[str, Any]]:
+    """Both random models run in the env's own Python on :func:`small_structure`."""
+    return built_orb["in_process"]
 
 
 def reference_atoms() -> Atoms:
@@ -127,11 +152,11 @@ def ratios(report: ConsistencyReport) -> dict[str, tuple[float | None, float | N
 
 @pytest.fixture(scope="module")
 def conservative(random_orb) -> dict[str, Any]:
-    """The random conservative model under the 120 cap: results on :func:`structure`,
+    """The random conservative model under the 120 cap: results on :func:`small_structure`,
     and the float32 physics check on it and on the verification reference."""
     root, files = random_orb
     with orb_session(root, files["conservative"], CONSERVATIVE) as calc:
-        atoms = structure()
+        atoms = small_structure()
         return {
             "results": compute(calc, atoms),
             "cell": check_consistency(atoms, calc, dtype="float32"),
@@ -141,10 +166,10 @@ def conservative(random_orb) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def direct(random_orb) -> dict[str, Any]:
-    """The random direct model: results and the physics check on :func:`structure`."""
+    """The random direct model: results and the physics check on :func:`small_structure`."""
     root, files = random_orb
     with orb_session(root, files["direct"], DIRECT) as calc:
-        atoms = structure()
+        atoms = small_structure()
         return {
             "results": compute(calc, atoms),
             "cell": check_consistency(atoms, calc, dtype="float32", modes=DIRECT_MODES),
@@ -152,13 +177,10 @@ def direct(random_orb) -> dict[str, Any]:
 
 
 def test_random_conservative_orb_agrees_in_process_and_passes_the_physics_check(
-    random_orb, conservative
+    conservative, in_process_results
 ):
-    root, files = random_orb
     ours = conservative["results"]
-    reference = in_process(
-        root, ENV, weights=files["conservative"], kwargs={"architecture": CONSERVATIVE}
-    )
+    reference = in_process_results["conservative"]
 
     assert np.abs(ours["forces"]).max() > 0.5, "forces too small to test anything"
     assert np.abs(ours["stress"]).max() > 1e-2, "stress too small to test anything"
@@ -177,11 +199,10 @@ def test_random_conservative_orb_agrees_in_process_and_passes_the_physics_check(
 
 
 def test_random_direct_orb_agrees_in_process_and_its_forces_are_not_the_gradient(
-    random_orb, direct
+    direct, in_process_results
 ):
-    root, files = random_orb
     ours = direct["results"]
-    reference = in_process(root, ENV, weights=files["direct"], kwargs={"architecture": DIRECT})
+    reference = in_process_results["direct"]
 
     figures = agreement(ours, reference)
     report = direct["cell"]
@@ -217,7 +238,7 @@ def test_the_20_neighbour_cap_makes_the_energy_non_smooth(random_orb, conservati
 
 def worker_error(root: Path, weights: Path, setup_kwargs: dict[str, Any]) -> str:
     """The WorkerError a session with these weights and kwargs ends in."""
-    atoms = structure()
+    atoms = small_structure()
     with (
         pytest.raises(WorkerError) as caught,
         RootstockCalculator(

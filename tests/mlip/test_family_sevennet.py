@@ -28,9 +28,9 @@ from rootstock.errors import WorkerError
 from tests.mlip.family import (
     agreement,
     assert_agree,
-    in_process,
+    in_process_models,
+    model_request,
     ratios,
-    run_in_env,
     session_with_check,
     through_calculator,
 )
@@ -78,11 +78,20 @@ def sevennet_root(family_env) -> Path:
 
 
 @pytest.fixture(scope="module")
-def random_sevennet(sevennet_root: Path, tmp_path_factory) -> Path:
-    """A random SevenNet saved as a sevenn checkpoint (once per module)."""
+def built_sevennet(sevennet_root: Path, tmp_path_factory) -> tuple[Path, dict]:
+    """A random SevenNet saved as a sevenn checkpoint, then loaded back from it and run
+    in-process (one run of the env's Python, once per module): (file, results)."""
     path = tmp_path_factory.mktemp("sevennet-weights") / "random-sevennet.pth"
-    run_in_env(sevennet_root, "sevennet", BUILD_RANDOM_SEVENNET, path)
-    return path
+    build = (BUILD_RANDOM_SEVENNET, [path])
+    models = [model_request(weights=path)]
+    (reference,) = in_process_models(sevennet_root, "sevennet", models, build=build)
+    return path, reference
+
+
+@pytest.fixture(scope="module")
+def random_sevennet(built_sevennet: tuple[Path, dict]) -> Path:
+    """The random SevenNet's checkpoint file."""
+    return built_sevennet[0]
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +107,10 @@ def shipped_through_rootstock(sevennet_root: Path, same_threads):
 
 
 def test_random_sevennet_through_rootstock_agrees_with_in_process(
-    sevennet_root: Path, random_sevennet: Path, random_through_rootstock
+    built_sevennet, random_through_rootstock
 ):
     ours, _ = random_through_rootstock
-    reference = in_process(sevennet_root, "sevennet", weights=random_sevennet)
+    _, reference = built_sevennet
     figures = agreement(ours, reference)
     print(f"sevennet:custom (random) agreement (max relative difference): {figures}")
     # Random weights, but not a trivial model: the shift sets the energy, the layers the forces.

@@ -22,8 +22,8 @@ from rootstock.ops.consistency import GPA_PER_EV_A3, ConsistencyReport
 from tests.mlip.family import (
     agreement,
     assert_agree,
-    in_process,
-    run_in_env,
+    in_process_models,
+    model_request,
     session_with_check,
     structure,
 )
@@ -57,12 +57,21 @@ BUILD_RANDOM_TENSORNET = """
 
 
 @pytest.fixture(scope="module")
-def random_tensornet(family_env, tmp_path_factory) -> tuple[Path, Path]:
-    """(family root, directory) of a small random TensorNet saved by ``Potential.save``."""
+def built_tensornet(family_env, tmp_path_factory) -> tuple[Path, Path, dict]:
+    """A small random TensorNet saved by ``Potential.save``, then loaded back from the
+    directory and run in-process (one run of the env's Python): (root, directory, results)."""
     root = family_env(ENV)
     saved = tmp_path_factory.mktemp("tensornet") / "random-tensornet"
-    run_in_env(root, ENV, BUILD_RANDOM_TENSORNET, saved)
+    build = (BUILD_RANDOM_TENSORNET, [saved])
+    (reference,) = in_process_models(root, ENV, [model_request(weights=saved)], build=build)
     assert sorted(p.name for p in saved.iterdir()) == ["model.json", "model.pt", "state.pt"]
+    return root, saved, reference
+
+
+@pytest.fixture(scope="module")
+def random_tensornet(built_tensornet) -> tuple[Path, Path]:
+    """(family root, directory) of a small random TensorNet saved by ``Potential.save``."""
+    root, saved, _ = built_tensornet
     return root, saved
 
 
@@ -79,10 +88,9 @@ def ratios(report: ConsistencyReport) -> dict[str, float | None]:
     return {name: check.ratio for name, check in report.checks.items()}
 
 
-def test_random_tensornet_agrees_in_process_and_passes_the_physics_check(random_tensornet):
-    root, saved = random_tensornet
+def test_random_tensornet_agrees_in_process_and_passes_the_physics_check(built_tensornet):
+    root, saved, reference = built_tensornet
     ours, report = one_session(root, saved)
-    reference = in_process(root, ENV, weights=saved)
 
     assert np.abs(ours["forces"]).max() > 1e-2, "forces too small to test anything"
     assert np.abs(ours["stress"]).max() > 1e-3, "stress too small to test anything"

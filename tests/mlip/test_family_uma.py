@@ -22,7 +22,14 @@ import pytest
 
 from rootstock.errors import WorkerError
 from rootstock.ops.consistency import check_consistency
-from tests.mlip.family import agreement, assert_agree, in_process, run_in_env, structure
+from tests.mlip.family import (
+    agreement,
+    assert_agree,
+    in_process_models,
+    model_request,
+    run_in_env,
+    structure,
+)
 
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1200)]
 
@@ -134,11 +141,20 @@ def uma_root(family_env) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_uma(uma_root: Path, tmp_path_factory) -> Path:
-    """A tiny random UMA MLIPInferenceCheckpoint, built once in the env's Python."""
+def built_uma(uma_root: Path, tmp_path_factory) -> tuple[Path, dict]:
+    """A tiny random UMA MLIPInferenceCheckpoint, built once in the env's Python and, in
+    the same run, loaded back from its file and run in-process: (file, results)."""
     path = tmp_path_factory.mktemp("uma") / "tiny-uma.pt"
-    run_in_env(uma_root, "uma", BUILD_TINY_UMA, path)
-    return path
+    models = [model_request(weights=path, kwargs={"task": TASK, **CPU})]
+    build = (BUILD_TINY_UMA, [path])
+    (reference,) = in_process_models(uma_root, "uma", models, build=build)
+    return path, reference
+
+
+@pytest.fixture(scope="module")
+def tiny_uma(built_uma: tuple[Path, dict]) -> Path:
+    """The tiny random UMA checkpoint file."""
+    return built_uma[0]
 
 
 def compute_and_check(root: Path, weights: Path, setup_kwargs: dict):
@@ -170,11 +186,10 @@ def first_energy(root: Path, checkpoint: str, **kw) -> float:
 
 
 def test_tiny_uma_through_calculator_equals_in_process_and_is_consistent(
-    uma_root: Path, tiny_uma: Path
+    uma_root: Path, built_uma: tuple[Path, dict]
 ):
-    kwargs = {"task": TASK, **CPU}
-    ours, report = compute_and_check(uma_root, tiny_uma, kwargs)
-    reference = in_process(uma_root, "uma", weights=tiny_uma, kwargs=kwargs)
+    tiny_uma, reference = built_uma
+    ours, report = compute_and_check(uma_root, tiny_uma, {"task": TASK, **CPU})
     figures = agreement(ours, reference)
     scale = {"energy": ours["energy"], "max_force": float(abs(ours["forces"]).max())}
     print(f"uma:custom {scale} agreement {figures}; consistency {json.dumps(report.to_dict())}")
