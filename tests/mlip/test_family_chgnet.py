@@ -11,6 +11,7 @@ kernels while catching any real drift.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,8 +34,32 @@ CHECKPOINT = "chgnet-0.3.0"
 FLOAT32_RTOL = 1e-3
 
 
-def test_chgnet_magmoms_match_in_process(mlip_root: Path, same_threads):
-    ours = through_calculator(mlip_root, CHECKPOINT, extras=("magmoms",))
+@pytest.fixture(scope="module")
+def session(mlip_root: Path, same_threads) -> dict[str, Any]:
+    """One CHGNet worker for the module. A fresh calculator's first call asks for the
+    magnetic moments; the physics check runs through it. While it holds the worker,
+    :func:`through_calculator` (a second fresh calculator, shared by default, so on the
+    same worker) asks for energy, forces, stress and then the magmoms."""
+    from rootstock import RootstockCalculator
+
+    atoms = structure()
+    with RootstockCalculator(root=mlip_root, checkpoint=CHECKPOINT, device="cpu") as calc:
+        atoms.calc = calc
+        first_magmoms = atoms.get_magnetic_moments()  # the first call on a fresh calculator
+        implemented = list(calc.implemented_properties)
+        report = check_consistency(atoms, calc, dtype=calc.model_dtype)
+        results = through_calculator(mlip_root, CHECKPOINT, extras=("magmoms",))
+        return {
+            "first_magmoms": first_magmoms,
+            "implemented": implemented,
+            "model_dtype": calc.model_dtype,
+            "report": report,
+            "results": results,
+        }
+
+
+def test_chgnet_magmoms_match_in_process(mlip_root: Path, session, same_threads):
+    ours = session["results"]
     reference = in_process(mlip_root, "chgnet", checkpoint=CHECKPOINT, extras=("magmoms",))
     assert "magmoms" in reference, "in-process CHGNet filled no magmoms"
     figures = agreement(ours, reference)
@@ -47,18 +72,13 @@ def test_chgnet_magmoms_match_in_process(mlip_root: Path, same_threads):
     assert figures["magmoms"] <= FLOAT32_RTOL, figures
 
 
-def test_chgnet_first_call_magmoms_dtype_and_consistency(mlip_root: Path, same_threads):
-    from rootstock import RootstockCalculator
-
-    atoms = structure()
-    with RootstockCalculator(root=mlip_root, checkpoint=CHECKPOINT, device="cpu") as calc:
-        atoms.calc = calc
-        magmoms = atoms.get_magnetic_moments()  # the first call on a fresh calculator
-        assert magmoms.shape == (len(atoms),)
-        assert np.isfinite(magmoms).all()
-        assert "magmoms" in calc.implemented_properties
-        assert calc.model_dtype == "float32"
-        report = check_consistency(atoms, calc, dtype=calc.model_dtype)
+def test_chgnet_first_call_magmoms_dtype_and_consistency(session):
+    magmoms = session["first_magmoms"]
+    assert magmoms.shape == (len(structure()),)
+    assert np.isfinite(magmoms).all()
+    assert "magmoms" in session["implemented"]
+    assert session["model_dtype"] == "float32"
+    report = session["report"]
     ratios = {name: check.ratio for name, check in report.checks.items()}
     print(f"chgnet-0.3.0 consistency ({report.dtype}): {ratios}")
     assert report.ok, f"{report.message}; ratios {ratios}"

@@ -11,7 +11,9 @@ per cell, forces within 1e-5 eV/Å (about 10 float32 ulps of the values here); t
 LAMMPS energy is summed in another atom order, so it gets 2e-3 eV per 32-atom cell.
 
 Runtime beyond the CHGNet env build (shared through BATCH_TEST_FAMILIES in
-tests/conftest.py): each test starts one or two CHGNet workers (a model load is ~5 s).
+tests/conftest.py): each route starts its own CHGNet worker (a model load is ~5 s);
+the plain calculator that every test compares with is one worker of the module's own,
+started once.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -42,19 +44,38 @@ def rattled_cu(seed: int = 0) -> Atoms:
     return atoms
 
 
-def direct(root: Path, atoms: Atoms) -> tuple[float, np.ndarray]:
-    """Energy and forces of ``atoms`` from a plain calculator of its own."""
-    with RootstockCalculator(CHECKPOINT, root=str(root), device="cpu", shared=False) as calc:
-        atoms = atoms.copy()
-        atoms.calc = calc
-        return float(atoms.get_potential_energy()), np.array(atoms.get_forces())
+Direct = Callable[[Atoms], tuple[float, np.ndarray]]
+
+
+@pytest.fixture(scope="module")
+def chgnet_env_root(family_env) -> Path:
+    """The family root with the CHGNet env (shared by the run: only read here)."""
+    return family_env("chgnet")
 
 
 @pytest.fixture
-def chgnet_root(family_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def chgnet_root(chgnet_env_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The family root with the CHGNet env; each test runs in its own directory."""
     monkeypatch.chdir(tmp_path)
-    return family_env("chgnet")
+    return chgnet_env_root
+
+
+@pytest.fixture(scope="module")
+def direct(chgnet_env_root: Path) -> Iterator[Direct]:
+    """``direct(atoms)``: energy and forces of ``atoms`` from a plain calculator of the
+    module's own. ``shared=False``: no route's calculator can land on its worker, so
+    every comparison is between two workers, as with a calculator per call; one worker
+    serves the whole module instead of a model load per call."""
+    with RootstockCalculator(
+        CHECKPOINT, root=str(chgnet_env_root), device="cpu", shared=False
+    ) as calc:
+
+        def energy_and_forces(atoms: Atoms) -> tuple[float, np.ndarray]:
+            atoms = atoms.copy()
+            atoms.calc = calc
+            return float(atoms.get_potential_energy()), np.array(atoms.get_forces())
+
+        yield energy_and_forces
 
 
 @pytest.fixture
@@ -67,19 +88,19 @@ def quacc_cache() -> Iterator[None]:
     pick_calculator.__wrapped__.cache_clear()
 
 
-def test_quacc_static_job_on_chgnet(chgnet_root: Path, quacc_cache: None) -> None:
+def test_quacc_static_job_on_chgnet(chgnet_root: Path, quacc_cache: None, direct: Direct) -> None:
     from quacc.recipes.mlip.core import static_job
 
     atoms = rattled_cu(seed=1)
     result = static_job(
         atoms, "rootstock", checkpoint=CHECKPOINT, root=str(chgnet_root), device="cpu"
     )
-    energy, forces = direct(chgnet_root, atoms)
+    energy, forces = direct(atoms)
     assert abs(result["results"]["energy"] - energy) < ATOL
     np.testing.assert_allclose(result["results"]["forces"], forces, rtol=0, atol=ATOL)
 
 
-def test_atomate2_static_maker_on_chgnet(chgnet_root: Path) -> None:
+def test_atomate2_static_maker_on_chgnet(chgnet_root: Path, direct: Direct) -> None:
     from jobflow import JobStore, run_locally
     from maggma.stores import MemoryStore
     from pymatgen.io.ase import AseAtomsAdaptor
@@ -94,14 +115,14 @@ def test_atomate2_static_maker_on_chgnet(chgnet_root: Path) -> None:
     doc = run_locally(job, store=store, create_folders=False, ensure_success=True)[job.uuid][
         1
     ].output
-    energy, forces = direct(chgnet_root, atoms)
+    energy, forces = direct(atoms)
     assert doc.forcefield_name == f"rootstock:{CHECKPOINT}"
     assert abs(doc.output.energy - energy) < ATOL
     np.testing.assert_allclose(np.array(doc.output.forces), forces, rtol=0, atol=ATOL)
 
 
 def test_mlipx_structure_optimization_on_chgnet(
-    chgnet_root: Path, monkeypatch: pytest.MonkeyPatch
+    chgnet_root: Path, monkeypatch: pytest.MonkeyPatch, direct: Direct
 ) -> None:
     import ase.io
     import mlipx
@@ -125,13 +146,13 @@ def test_mlipx_structure_optimization_on_chgnet(
     frames = relax.frames
     assert len(frames) >= 2  # a real step was taken
     for frame in (frames[0], frames[-1]):
-        energy, forces = direct(chgnet_root, frame)
+        energy, forces = direct(frame)
         assert abs(frame.get_potential_energy() - energy) < ATOL
         np.testing.assert_allclose(frame.get_forces(), forces, rtol=0, atol=ATOL)
     assert frames[-1].get_potential_energy() < frames[0].get_potential_energy()
 
 
-def test_lammps_fix_external_on_chgnet(chgnet_root: Path) -> None:
+def test_lammps_fix_external_on_chgnet(chgnet_root: Path, direct: Direct) -> None:
     from rootstock.integrations.lammps import attach, open_lammps
 
     lmp = open_lammps()
@@ -160,7 +181,7 @@ def test_lammps_fix_external_on_chgnet(chgnet_root: Path) -> None:
         pbc=True,
     )
     assert n == 32
-    energy, want = direct(chgnet_root, atoms)
+    energy, want = direct(atoms)
     # LAMMPS sorts its atoms spatially at setup, so the callback sends them in another
     # order and CHGNet sums 32 float32 site energies differently: measured 7.3e-4 eV
     # (5e-6 relative), so the bound is 2e-3 eV per cell. Forces are per atom: 1e-5.

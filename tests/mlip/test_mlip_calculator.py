@@ -99,9 +99,15 @@ def assert_close(ours: dict, reference: dict, rtol: float = FLOAT32_RTOL):
     )
 
 
-def test_chgnet_then_sevennet_in_one_script(mlip_root: Path):
+@pytest.fixture(scope="module")
+def named_chgnet(mlip_root: Path) -> dict:
+    """``chgnet-0.3.0`` through the calculator: both tests compare with it (one model load)."""
+    return through_calculator(mlip_root, "chgnet-0.3.0")
+
+
+def test_chgnet_then_sevennet_in_one_script(mlip_root: Path, named_chgnet: dict):
     """Two model families with conflicting stacks, one after the other, one process."""
-    chgnet = through_calculator(mlip_root, "chgnet-0.3.0")
+    chgnet = named_chgnet
     sevennet = through_calculator(mlip_root, "sevennet-0")
     (chgnet_ref,) = in_process(mlip_root, "chgnet", ["chgnet-0.3.0"])
     (sevennet_ref,) = in_process(mlip_root, "sevennet", ["sevennet-0"])
@@ -110,7 +116,9 @@ def test_chgnet_then_sevennet_in_one_script(mlip_root: Path):
     assert abs(chgnet["energy"] - sevennet["energy"]) > 1e-3, "two different models"
 
 
-def test_chgnet_custom_weights_equal_the_shipped_checkpoint(mlip_root: Path, tmp_path: Path):
+def test_chgnet_custom_weights_equal_the_shipped_checkpoint(
+    mlip_root: Path, tmp_path: Path, named_chgnet: dict
+):
     find = (
         "import pathlib, chgnet; print(next((pathlib.Path(chgnet.__file__).parent / "
         "'pretrained' / '0.3.0').glob('*.pth.tar')))"
@@ -125,7 +133,7 @@ def test_chgnet_custom_weights_equal_the_shipped_checkpoint(mlip_root: Path, tmp
     weights = tmp_path / "my-chgnet.pth.tar"
     shutil.copyfile(shipped.stdout.strip(), weights)
     custom = through_calculator(mlip_root, "chgnet:custom", weights=weights)
-    named = through_calculator(mlip_root, "chgnet-0.3.0")
+    named = named_chgnet
     # CHGNet settles on one of two results run to run, in-process too (up to 1.4e-4
     # of the largest force; see test_family_chgnet.py); different weights differ by far more.
     assert_close(custom, named, rtol=1e-3)
