@@ -1,6 +1,7 @@
 """The user's worker pool: daemons shared across processes, their CLI, and their faults.
 
-Real envs (fake_built_root's emt and charge-emt, a private root for the hotfix),
+Real envs (fake_built_root's emt and charge-emt, a private root for the hotfix and
+for the usage spool),
 real daemons and workers, and client processes run by the dev Python. Each test
 gets a private 0700 XDG_RUNTIME_DIR, and its teardown stops every daemon it
 started (``workers stop --all``, then SIGKILL by pid for anything left).
@@ -78,12 +79,10 @@ def client_process(root: Path, checkpoint: str = "emt", sleep: float = 0.0) -> s
     )
 
 
-def test_pooled_worker_outlives_its_calculator_and_serves_another_process(
-    fake_built_root, pool_dir
-):
+def test_pooled_worker_outlives_its_calculator_and_serves_another_process(own_root, pool_dir):
     directory, remember = pool_dir
     atoms = cu()
-    with pooled(fake_built_root) as calc:
+    with pooled(own_root) as calc:
         atoms.calc = calc
         assert atoms.get_potential_energy() == pytest.approx(emt_energy(atoms), abs=1e-10)
         worker_pid = calc.worker_pid
@@ -94,11 +93,12 @@ def test_pooled_worker_outlives_its_calculator_and_serves_another_process(
     assert oct(os.stat(directory).st_mode & 0o777) == "0o700"
     assert oct(os.stat(worker.socket).st_mode & 0o777) == "0o600"
 
-    # A usage spool for this test only (the session's root has none, and keeps none).
-    spool = resolve_layout(fake_built_root).usage_dir
+    # A usage spool in a private root: in the run's shared root, every other pytest
+    # process's sessions would drop their records in it too.
+    spool = resolve_layout(own_root).usage_dir
     spool.mkdir()
     try:
-        proc = client_process(fake_built_root)
+        proc = client_process(own_root)
         out, err = proc.communicate(timeout=30)
         records = [json.loads(path.read_text()) for path in spool.glob("*.json")]
     finally:
