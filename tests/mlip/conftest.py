@@ -23,9 +23,12 @@ def family_env(family_root: Path, torch_pin) -> Callable[[str], Path]:
     return build
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def same_threads() -> Iterator[None]:
-    """Workers get the thread count that ``in_process`` runs use, so the two agree."""
+    """Workers get the thread count that ``in_process`` runs use, so the two agree.
+
+    Per module: a pytest process that runs other tests after these (an xdist worker)
+    gets its own environment back."""
     with pytest.MonkeyPatch.context() as patch:
         for key, value in THREADS.items():
             patch.setenv(key, value)

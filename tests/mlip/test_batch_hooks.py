@@ -49,10 +49,10 @@ pytestmark = [pytest.mark.mlip, pytest.mark.timeout(900)]
 # A loop and the hook on the same calculator, in the env's Python; then one more
 # single call, to show the hook left the calculator as it found it.
 BATCH_AGAINST_LOOP = textwrap.dedent("""
-    import importlib.util, json, sys
+    import importlib.util, json, os, sys
     import numpy as np
     import torch
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     from ase import Atoms
     from ase.stress import full_3x3_to_voigt_6_stress
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_rootstock
+from tests.mlip.family import THREADS
 from tests.mlip.private_root import private_family_root
 
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1800)]
 
-THREADS = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
 RUN_KEYS = {"calls", "median_ms", "p95_ms", "min_ms", "startup_s", "setup_s"}
 
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.mlip.family import THREADS
+
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(1200)]
 
-THREADS = {"OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"}
-
 IN_PROCESS = textwrap.dedent("""
-    import importlib.util, json, sys
+    import importlib.util, json, os, sys
     import torch
     from ase.build import bulk
-    torch.set_num_threads(2)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     spec = importlib.util.spec_from_file_location("env_source", sys.argv[1])
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -10,7 +10,7 @@ process (a worker calls the env's ``setup()`` once), and as the entries of each
 worker's plugin cache.
 
 Tolerance: CHGNet runs float32. Both sides run the same chunks in the same kind
-of worker with the same threads (OMP_NUM_THREADS=2 from tests/mlip/conftest.py),
+of worker with the same threads (OMP_NUM_THREADS=1 from tests/mlip/conftest.py),
 so they should agree to rounding; the bound is 1e-6 relative to the largest value
 of each quantity in the batch, about 8 float32 ulps, far below the 1e-3 bound
 CHGNet's batched call is held to in test_batch_hooks.py. Measured here (2 cores,
