@@ -68,3 +68,36 @@ def shared_build(name: str, build: Callable[[Path], object]) -> Path:
             build(target)
             mark.touch()
     return target
+
+
+def link_live_tree(source: Path, target: Path) -> None:
+    """Hard-link copy of ``source``, a tree other processes may be writing (a uv cache).
+
+    Entries that vanish during the walk are left out, and so are in-flight temp
+    entries (``.tmp*``). Lock files are made anew rather than linked: a linked
+    ``.lock`` is the same inode, and a lock on the copy would be a lock on the original.
+    """
+    for dirpath, dirnames, filenames in os.walk(source):
+        here = Path(dirpath)
+        there = target / here.relative_to(source)
+        there.mkdir(parents=True, exist_ok=True)
+        dirnames[:] = [name for name in dirnames if not name.startswith(".tmp")]
+        for name in dirnames:
+            if (here / name).is_symlink():
+                _copy_link(here / name, there / name)
+        for name in filenames:
+            if name.startswith(".tmp"):
+                continue
+            if name == ".lock":
+                (there / name).touch()
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if (here / name).is_symlink():
+                    _copy_link(here / name, there / name)
+                else:
+                    os.link(here / name, there / name)
+
+
+def _copy_link(link: Path, copy: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        copy.symlink_to(os.readlink(link))

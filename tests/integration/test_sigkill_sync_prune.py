@@ -64,6 +64,7 @@ from tests.integration.kill_campaign import (
     run_tmpdir,
     trials_from_env,
 )
+from tests.run_cache import link_live_tree
 
 pytestmark = [pytest.mark.timeout(campaign_timeout_s()), pytest.mark.usefixtures("private_config")]
 
@@ -125,7 +126,7 @@ def kill_root(tmp_path_factory, shared_uv_cache: Path, weights: WeightsServer) -
     path = base / "root"
     path.mkdir()
     if any(shared_uv_cache.iterdir()):
-        subprocess.run(["cp", "-al", str(shared_uv_cache), str(path / ".uv-cache")], check=True)
+        link_live_tree(shared_uv_cache, path / ".uv-cache")
     else:
         (path / ".uv-cache").mkdir()
     # make_root links the shared cache only where no .uv-cache exists yet.

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.leftovers import find_leftovers, remove_leftovers
-from tests.run_cache import RUN_DIR_ENV, shared_build
+from tests.run_cache import RUN_DIR_ENV, link_live_tree, shared_build
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -133,3 +133,33 @@ def wait_gone(pid: int, deadline_s: float = 60.0) -> None:
 def test_a_run_with_nothing_left_finds_nothing(tmp_path):
     (tmp_path / "tmp" / "pytest-of-me").mkdir(parents=True)
     assert not find_leftovers(tmp_path, tmp_path / "tmp", [tmp_path])
+
+
+def test_a_live_cache_copy_links_files_and_gets_its_own_locks(tmp_path: Path, monkeypatch):
+    source = tmp_path / "cache"
+    (source / "archive" / "a").mkdir(parents=True)
+    (source / "archive" / "a" / "f.py").write_text("x = 1\n")
+    (source / "archive" / "gone.py").write_text("y = 2\n")
+    (source / ".lock").write_text("")
+    (source / ".tmpABC").mkdir()
+    (source / ".tmpABC" / "partial").write_text("")
+    (source / "link").symlink_to("archive/a")
+    real_link = os.link
+
+    def vanishing(src, dst, *args, **kwargs):
+        # Another process removes this entry between the walk and the link.
+        if Path(src).name == "gone.py":
+            raise FileNotFoundError(src)
+        return real_link(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "link", vanishing)
+    target = tmp_path / "copy"
+    link_live_tree(source, target)
+
+    copied = target / "archive" / "a" / "f.py"
+    assert copied.stat().st_ino == (source / "archive" / "a" / "f.py").stat().st_ino
+    assert not (target / "archive" / "gone.py").exists()
+    assert (target / ".lock").exists()
+    assert (target / ".lock").stat().st_ino != (source / ".lock").stat().st_ino
+    assert not (target / ".tmpABC").exists()
+    assert os.readlink(target / "link") == "archive/a"
