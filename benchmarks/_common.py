@@ -41,9 +41,12 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def print_table(title: str, rows: list[tuple[str, str, str, str]]) -> None:
-    """Rows of (what, measured, target, verdict)."""
-    header = ("metric", "measured", "target", "meets")
+def print_table(
+    title: str,
+    rows: list[tuple[str, str, str, str]],
+    header: tuple[str, str, str, str] = ("metric", "measured", "target", "meets"),
+) -> None:
+    """Rows of (what, measured, target, verdict), or of the columns ``header`` names."""
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
     print(f"\n{title}")
     for row in [header, *rows]:

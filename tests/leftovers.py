@@ -146,9 +146,13 @@ def remove_leftovers(found: Leftovers) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     for point in reversed(found.mounts):
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(
-                ["fusermount", "-u", "-z", point], check=False, timeout=60, capture_output=True
-            )
+        # fuse3's tool, fuse 2's, then the kernel's lazy unmount (root).
+        for command in (["fusermount3", "-u", "-z"], ["fusermount", "-u", "-z"], ["umount", "-l"]):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                done = subprocess.run(
+                    [*command, point], check=False, timeout=60, capture_output=True
+                )
+                if done.returncode == 0:
+                    break
     for path in found.run_dirs:
         shutil.rmtree(path, ignore_errors=True)
