@@ -8,10 +8,13 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -256,6 +259,26 @@ def worker_rss_mb(pids: list[int]) -> float:
         except OSError:
             continue
     return total_kib * 1024 / 1e6
+
+
+@contextlib.contextmanager
+def private_workspace(prefix: str) -> Iterator[Path]:
+    """A temp dir for one benchmark run, removed at the end, with its own
+    ``$XDG_RUNTIME_DIR`` and config: the pool daemons the run starts live there, so
+    stopping them at the end can never touch anyone else's."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    runtime = work / "xdg-runtime"
+    runtime.mkdir(mode=0o700)
+    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+    os.environ.setdefault("ROOTSTOCK_CONFIG", str(work / "config.toml"))
+    os.environ.pop("ROOTSTOCK_POOL", None)
+    try:
+        yield work
+    finally:
+        stopped = stop_pool_daemons(runtime)
+        if stopped:
+            print(f"warning: {stopped}", file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def stop_pool_daemons(runtime: Path) -> str:

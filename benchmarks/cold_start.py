@@ -30,12 +30,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table
-from _throughput_setup import prepare_root, stop_pool_daemons
+from _throughput_setup import prepare_root, private_workspace
 
 REPO = Path(__file__).resolve().parent.parent
 PROBE = Path(__file__).resolve().parent / "_cold_start_env.py"
@@ -196,28 +193,17 @@ def main() -> None:
     if args.quick:
         args.no_chgnet = True
 
-    work = Path(tempfile.mkdtemp(prefix="rootstock-bench-cold-start-"))
-    runtime = work / "xdg-runtime"
-    runtime.mkdir(mode=0o700)
-    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-    os.environ.setdefault("ROOTSTOCK_CONFIG", str(work / "config.toml"))
-    os.environ.pop("ROOTSTOCK_POOL", None)
     results: dict[str, Any] = {
         "quick": args.quick,
         "latency_ms": args.latency_ms,
         "read_mbps": args.read_mbps,
         "runs": args.runs,
     }
-    try:
+    with private_workspace("rootstock-bench-cold-start-") as work:
         root, chgnet, note = prepare_root(args, args.quick, work)
         results["note"] = note
         models = [EMT, CHGNET] if chgnet else [EMT]
         results["models"] = {m: measure(root, m, work, args) for m in models}
-    finally:
-        stopped = stop_pool_daemons(runtime)
-        if stopped:
-            print(f"warning: {stopped}", file=sys.stderr)
-        shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=2))
         return

@@ -32,10 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,7 +44,7 @@ from _common import print_table
 from _throughput_setup import (
     InEnvModel,
     prepare_root,
-    stop_pool_daemons,
+    private_workspace,
     worker_pids,
     worker_rss_mb,
 )
@@ -267,16 +265,8 @@ def main() -> None:
     null_count = 1000 if quick else 10_000
     attach_runs, cold_runs = (3, 1) if quick else (10, 3)
 
-    work = Path(tempfile.mkdtemp(prefix="rootstock-bench-throughput-"))
-    # The pool daemons this run starts live in a runtime dir of its own, so stopping
-    # them at the end can never touch anyone else's.
-    runtime = work / "xdg-runtime"
-    runtime.mkdir(mode=0o700)
-    os.environ["XDG_RUNTIME_DIR"] = str(runtime)
-    os.environ.setdefault("ROOTSTOCK_CONFIG", str(work / "config.toml"))
-    os.environ.pop("ROOTSTOCK_POOL", None)
     results: dict[str, Any] = {"quick": quick, "threads": os.environ.get("OMP_NUM_THREADS")}
-    try:
+    with private_workspace("rootstock-bench-throughput-") as work:
         root, chgnet, note = prepare_root(args, quick, work)
         results["note"] = note
         images = rattled_cells(count)
@@ -297,11 +287,6 @@ def main() -> None:
             results["attach"] = guarded(
                 "warm attach", warm_attach, root, CHGNET, images[0], attach_runs, cold
             )
-    finally:
-        stopped = stop_pool_daemons(runtime)
-        if stopped:
-            print(f"warning: {stopped}", file=sys.stderr)
-        shutil.rmtree(work, ignore_errors=True)
     if args.json:
         print(json.dumps(results, indent=2))
         return
