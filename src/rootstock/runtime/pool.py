@@ -323,10 +323,12 @@ class PoolDaemon:
         self._retire.set()
 
     def _unlink_socket(self) -> None:
-        if not self._socket_unlinked:
+        with self._clients_lock:
+            if self._socket_unlinked:
+                return
             self._socket_unlinked = True
-            with contextlib.suppress(FileNotFoundError):
-                self.files.socket.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            self.files.socket.unlink()
 
     def _admit(self, conn: socket.socket) -> None:
         uid = peer_uid(conn)

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -158,8 +159,13 @@ class PoolFiles:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` (0600) aside, then rename: readers never see half."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}.part")
+    """Write ``data`` to ``path`` (0600) aside, then rename: readers never see half.
+
+    The file aside is this thread's own: the daemon publishes its state from its main
+    loop and from client threads, and two writers truncating one file aside would
+    rename each other's half-written text into place.
+    """
+    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_native_id()}.part")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(data, fh, sort_keys=True)

@@ -185,19 +185,22 @@ def release(lease: Lease) -> None:
 
     A lease from before a fork is only forgotten: the worker is the parent's.
     """
-    if lease.released:
-        return
-    lease.released = True
     entry = lease.entry
+    with _registry_lock:
+        # Checked and set under the lock: two threads closing one calculator at once
+        # must not both count its release, or the worker stops under other holders.
+        if lease.released:
+            return
+        lease.released = True
+        if not lease.stale:
+            entry.holders -= 1
+            if entry.holders > 0:
+                return
+            if entry.key is not None and _entries.get(entry.key) is entry:
+                del _entries[entry.key]
     if lease.stale:
         abandon(entry)
         return
-    with _registry_lock:
-        entry.holders -= 1
-        if entry.holders > 0:
-            return
-        if entry.key is not None and _entries.get(entry.key) is entry:
-            del _entries[entry.key]
     entry.stop()
 
 
