@@ -9,7 +9,9 @@ pooled calculators, plus raw socket clients that send what no calculator would.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 import socket
 import struct
 import threading
@@ -105,6 +107,52 @@ def test_a_call_past_its_timeout_stops_the_pooled_worker_and_says_so(malformed_r
         wait_for(lambda: not is_running(worker.worker_pid), 30, "the timed-out worker to stop")
         calc.timeout = 60
         del atoms.info["malformed"]
+        assert atoms.get_potential_energy() == pytest.approx(emt_energy(atoms), abs=1e-10)
+        remember()
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with open(task / "stat") as fh:
+            states.append(fh.read().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
+def test_a_daemon_giving_no_verdict_leaves_the_client_saying_the_worker_runs_on(
+    malformed_root, pool_dir, monkeypatch
+):
+    # The daemon normally enforces the caller's deadline and says what it did; if it
+    # says nothing (here: stopped by SIGSTOP), the client gives up on its own and must
+    # not claim that anything was stopped.
+    from rootstock.runtime import pool_client
+
+    _, remember = pool_dir
+    atoms = cu()
+    with rogue_calc(malformed_root, timeout=60) as calc:
+        atoms.calc = calc
+        atoms.get_potential_energy()
+        remember()
+        worker = one_worker()
+        monkeypatch.setattr(pool_client, "VERDICT_GRACE_S", 0.5)
+        calc.timeout = 1.0
+        atoms.rattle(0.01, seed=9)
+        assert worker.daemon_pid is not None and worker.worker_pid is not None
+        os.kill(worker.daemon_pid, signal.SIGSTOP)
+        try:
+            # kill() only queues the stop: wait until every thread of the daemon is stopped.
+            wait_for(lambda: _all_threads_stopped(worker.daemon_pid), 60, "the daemon to stop")
+            with pytest.raises(WorkerTimeout, match=r"did not answer within 1\.5 s") as info:
+                atoms.get_potential_energy()
+            message = f"{info.value} {info.value.hint}"
+            assert "was not stopped and may still be computing" in message
+            assert f"rootstock workers stop {worker.id}" in message
+            # What the message says is what is so: the daemon and its worker are there.
+            assert is_running(worker.daemon_pid) and is_running(worker.worker_pid)
+        finally:
+            os.kill(worker.daemon_pid, signal.SIGCONT)
+        calc.timeout = 60
+        atoms.rattle(0.01, seed=10)
         assert atoms.get_potential_energy() == pytest.approx(emt_energy(atoms), abs=1e-10)
         remember()
 

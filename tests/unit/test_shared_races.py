@@ -128,3 +128,48 @@ def test_state_written_by_many_threads_at_once_is_always_whole(tmp_path: Path, e
         record = json.loads(text)  # never empty, never torn
         assert record["pad"] == "x" * len(record["pad"])
     assert sorted(p.name for p in tmp_path.iterdir()) == [state.name], "a file aside was left"
+
+
+def test_a_client_threads_retire_never_breaks_the_main_loops_accept(short_tmp_path: Path):
+    # A client thread that gives up the worker retires the socket while the main loop
+    # sits in accept(): it closed the listener under accept, which died with EBADF.
+    from rootstock.install.layout import InstallLayout
+    from rootstock.runtime.pool import PoolDaemon
+    from rootstock.runtime.pool_dir import PoolFiles
+    from rootstock.runtime.spec import WorkerSpec
+
+    spec = WorkerSpec(
+        layout=InstallLayout(root=short_tmp_path / "root", cache_root=short_tmp_path / "cache"),
+        checkpoint="emt",
+        env_name="emt",
+        device="cpu",
+    )
+    for trial in range(6):
+        daemon = PoolDaemon(
+            spec,
+            PoolFiles(short_tmp_path, f"{trial:016x}"),
+            idle_timeout=600,
+            startup_timeout=None,
+        )
+        daemon.bind()
+        errors: list[BaseException] = []
+
+        def serve(daemon: PoolDaemon = daemon, errors: list[BaseException] = errors) -> None:
+            try:
+                daemon.serve()
+            except BaseException as exc:  # collected for the assertion
+                errors.append(exc)
+
+        main = threading.Thread(target=serve)
+        main.start()
+        time.sleep(0.02 * trial)  # inside accept() by now, or about to be
+        assert _at_once(lambda _i, d=daemon: d.request_retire(), threads=2) == []
+        assert not daemon.files.socket.exists()
+        deadline = time.monotonic() + 30
+        while daemon._listener is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert daemon._listener is None, "the main loop did not close the listener"
+        daemon.stop_requested.set()
+        main.join(timeout=30)
+        assert not main.is_alive()
+        assert errors == [], f"trial {trial}: the main loop raised {errors[0]!r}"
