@@ -8,6 +8,7 @@ pooled calculators, plus raw socket clients that send what no calculator would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -16,16 +17,18 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from ase import Atoms
 from ase.build import bulk
 from ase.calculators.emt import EMT
 
 from rootstock import RootstockCalculator
 from rootstock.errors import WorkerDiedError, WorkerError, WorkerTimeout
-from rootstock.ops.workers import list_workers
+from rootstock.ops.workers import PooledWorker, list_workers
 from rootstock.runtime.protocol import (
     ERROR,
     FORCEREADY,
@@ -53,6 +56,17 @@ def rogue_calc(root: Path, **kwargs) -> RootstockCalculator:
 def one_worker():
     (worker,) = list_workers()
     return worker
+
+
+@contextlib.contextmanager
+def warm_rogue(root: Path, remember) -> Iterator[tuple[Atoms, RootstockCalculator, PooledWorker]]:
+    """A pooled rogue calculator that has computed once: its atoms, itself and its worker."""
+    atoms = cu()
+    with rogue_calc(root, timeout=60) as calc:
+        atoms.calc = calc
+        atoms.get_potential_energy()
+        remember()
+        yield atoms, calc, one_worker()
 
 
 # --- item 3: a malformed reply, and a deadline --------------------------------------
@@ -92,12 +106,7 @@ def test_a_reply_declaring_millions_of_atoms_fails_at_once_and_frees_the_pool(
 
 def test_a_call_past_its_timeout_stops_the_pooled_worker_and_says_so(malformed_root, pool_dir):
     _, remember = pool_dir
-    atoms = cu()
-    with rogue_calc(malformed_root, timeout=60) as calc:
-        atoms.calc = calc
-        atoms.get_potential_energy()
-        remember()
-        worker = one_worker()
+    with warm_rogue(malformed_root, remember) as (atoms, calc, worker):
         calc.timeout = 2.0
         atoms.info["malformed"] = {"sleep": 600}
         with pytest.raises(WorkerTimeout, match="did not answer within the caller's 2 s") as info:
@@ -128,12 +137,7 @@ def test_a_daemon_giving_no_verdict_leaves_the_client_saying_the_worker_runs_on(
     from rootstock.runtime import pool_client
 
     _, remember = pool_dir
-    atoms = cu()
-    with rogue_calc(malformed_root, timeout=60) as calc:
-        atoms.calc = calc
-        atoms.get_potential_energy()
-        remember()
-        worker = one_worker()
+    with warm_rogue(malformed_root, remember) as (atoms, calc, worker):
         monkeypatch.setattr(pool_client, "VERDICT_GRACE_S", 0.5)
         calc.timeout = 1.0
         atoms.rattle(0.01, seed=9)

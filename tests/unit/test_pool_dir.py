@@ -37,11 +37,11 @@ from rootstock.runtime.protocol import (
 )
 
 
-def test_xdg_short_tmp_path_holds_the_pool_dir(short_tmp_path):
+def test_xdg_runtime_dir_holds_the_pool_dir(short_tmp_path):
     assert pool_dir_path({"XDG_RUNTIME_DIR": str(short_tmp_path)}) == short_tmp_path / POOL_DIR_NAME
 
 
-def test_without_xdg_short_tmp_path_the_pool_dir_is_named_by_uid(tmp_path):
+def test_without_xdg_runtime_dir_the_pool_dir_is_named_by_uid(tmp_path):
     assert pool_dir_path({}) == fallback_pool_dir() == fallback_pool_dir(os.getuid())
     assert str(fallback_pool_dir(1234)) == "/tmp/rootstock-1234"
     # A runtime dir that does not exist, or whose socket paths would not fit, is not used.
