@@ -41,13 +41,25 @@ REAP_LIMIT_S = 10.0
 # -- the harness (runs in its own process) -------------------------------------------
 
 
+def _state(stat: str) -> str | None:
+    """The state letter in a ``/proc/.../stat`` file, or None when it is gone."""
+    try:
+        with open(stat) as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
 def is_running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie (an orphan may wait for a reaper)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
+    return _state(f"/proc/{pid}/stat") not in (None, "Z", "X")
+
+
+def is_stopped(pid: int) -> bool:
+    """True once every thread of ``pid`` is stopped (a SIGSTOP is delivered thread by
+    thread: ``kill`` returns before the last one stops)."""
+    states = [_state(f"{task}/stat") for task in Path(f"/proc/{pid}/task").glob("*")]
+    return bool(states) and all(state in ("T", "t") for state in states)
 
 
 def become_subreaper() -> None:

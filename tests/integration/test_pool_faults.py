@@ -39,7 +39,7 @@ from rootstock.runtime.protocol import (
     encode_init,
     encode_posdata,
 )
-from tests.integration.killing import is_running
+from tests.integration.killing import is_running, is_stopped
 from tests.integration.pooling import cu, emt_energy, pooled, wait_for
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(600)]
@@ -120,14 +120,6 @@ def test_a_call_past_its_timeout_stops_the_pooled_worker_and_says_so(malformed_r
         remember()
 
 
-def _all_threads_stopped(pid: int) -> bool:
-    states = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with open(task / "stat") as fh:
-            states.append(fh.read().rsplit(")", 1)[1].split()[0])
-    return bool(states) and all(state in ("T", "t") for state in states)
-
-
 def test_a_daemon_giving_no_verdict_leaves_the_client_saying_the_worker_runs_on(
     malformed_root, pool_dir, monkeypatch
 ):
@@ -144,8 +136,7 @@ def test_a_daemon_giving_no_verdict_leaves_the_client_saying_the_worker_runs_on(
         assert worker.daemon_pid is not None and worker.worker_pid is not None
         os.kill(worker.daemon_pid, signal.SIGSTOP)
         try:
-            # kill() only queues the stop: wait until every thread of the daemon is stopped.
-            wait_for(lambda: _all_threads_stopped(worker.daemon_pid), 60, "the daemon to stop")
+            wait_for(lambda: is_stopped(worker.daemon_pid), 60, "the daemon to stop")
             with pytest.raises(WorkerTimeout, match=r"did not answer within 1\.5 s") as info:
                 atoms.get_potential_energy()
             message = f"{info.value} {info.value.hint}"

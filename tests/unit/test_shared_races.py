@@ -18,6 +18,7 @@ import pytest
 
 from rootstock.runtime import shared
 from rootstock.runtime.pool_dir import write_json_atomic
+from tests.integration.pooling import wait_for
 
 THREADS = 8
 
@@ -32,8 +33,11 @@ def eager_switching() -> Iterator[None]:
         sys.setswitchinterval(before)
 
 
-def _at_once(work: Callable[[int], None], threads: int = THREADS) -> list[BaseException]:
-    """Run ``work(i)`` on ``threads`` threads released together; the errors they raised."""
+def _started(
+    work: Callable[[int], object], threads: int = 1
+) -> tuple[list[threading.Thread], list[BaseException]]:
+    """``work(i)`` on ``threads`` threads released together; the threads, and the list
+    that collects what they raise."""
     barrier = threading.Barrier(threads)
     errors: list[BaseException] = []
 
@@ -47,9 +51,19 @@ def _at_once(work: Callable[[int], None], threads: int = THREADS) -> list[BaseEx
     started = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
     for thread in started:
         thread.start()
+    return started, errors
+
+
+def _joined(started: list[threading.Thread]) -> None:
     for thread in started:
         thread.join(timeout=60)
         assert not thread.is_alive(), "a thread did not finish within 60 s"
+
+
+def _at_once(work: Callable[[int], object], threads: int = THREADS) -> list[BaseException]:
+    """Run ``work(i)`` on ``threads`` threads released together; the errors they raised."""
+    started, errors = _started(work, threads)
+    _joined(started)
     return errors
 
 
@@ -152,24 +166,11 @@ def test_a_client_threads_retire_never_breaks_the_main_loops_accept(short_tmp_pa
             startup_timeout=None,
         )
         daemon.bind()
-        errors: list[BaseException] = []
-
-        def serve(daemon: PoolDaemon = daemon, errors: list[BaseException] = errors) -> None:
-            try:
-                daemon.serve()
-            except BaseException as exc:  # collected for the assertion
-                errors.append(exc)
-
-        main = threading.Thread(target=serve)
-        main.start()
+        main, errors = _started(lambda _i, d=daemon: d.serve())
         time.sleep(0.02 * trial)  # inside accept() by now, or about to be
         assert _at_once(lambda _i, d=daemon: d.request_retire(), threads=2) == []
         assert not daemon.files.socket.exists()
-        deadline = time.monotonic() + 30
-        while daemon._listener is not None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert daemon._listener is None, "the main loop did not close the listener"
+        wait_for(lambda d=daemon: d._listener is None, 30, "the main loop to close the listener")
         daemon.stop_requested.set()
-        main.join(timeout=30)
-        assert not main.is_alive()
+        _joined(main)
         assert errors == [], f"trial {trial}: the main loop raised {errors[0]!r}"

@@ -323,6 +323,7 @@ class PoolDaemon:
         self._retire.set()
 
     def _unlink_socket(self) -> None:
+        # Once only: after a retire, the next daemon of this key may bind the same path.
         with self._clients_lock:
             if self._socket_unlinked:
                 return
