@@ -125,6 +125,9 @@ def test_slurm_job_with_two_workers(count_root: Path, job_name: str, tmp_path: P
         assert "--host 127.0.0.1" in script
         assert len(our_jobs(job_name)) == 1  # submitted by the constructor
 
+        # Both workers idle before the first chunks go out, so each gets some: a worker
+        # that arrives after the others have taken every chunk never loads the model.
+        client.wait_for_workers(2, timeout=QUEUE_WAIT_S)
         images = cu_cells(24)
         results = rootstock.evaluate(
             images,
