@@ -43,11 +43,11 @@ def median(values: list[float]) -> float:
 
 def print_table(
     title: str,
-    rows: list[tuple[str, str, str, str]],
-    header: tuple[str, str, str, str] = ("metric", "measured", "target", "meets"),
+    rows: list[tuple[str, ...]],
+    header: tuple[str, ...] = ("metric", "measured", "target", "meets"),
 ) -> None:
     """Rows of (what, measured, target, verdict), or of the columns ``header`` names."""
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print(f"\n{title}")
     for row in [header, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))

@@ -153,7 +153,7 @@ class InEnvModel:
         self._proc: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> InEnvModel:
-        from rootstock.runtime.spawn import worker_environment
+        from rootstock.runtime.worker_env import worker_environment
 
         env = worker_environment(self.spec.layout, self.spec.env_name, offline=True)
         argv = [str(self.spec.python), "-I", str(IN_ENV_SCRIPT), str(self.spec.env_source)]
@@ -265,11 +265,17 @@ def worker_rss_mb(pids: list[int]) -> float:
 def private_workspace(prefix: str) -> Iterator[Path]:
     """A temp dir for one benchmark run, removed at the end, with its own
     ``$XDG_RUNTIME_DIR`` and config: the pool daemons the run starts live there, so
-    stopping them at the end can never touch anyone else's."""
+    stopping them at the end can never touch anyone else's. Its workers stage their
+    builds in it too (``$ROOTSTOCK_STAGE_DIR``), and the stages are removed with it."""
+    from rootstock.runtime.stage_dir import STAGE_DIR_ENV, clean_stages
+
     work = Path(tempfile.mkdtemp(prefix=prefix))
     runtime = work / "xdg-runtime"
     runtime.mkdir(mode=0o700)
     os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+    stages = work / "stages"
+    stages.mkdir()
+    os.environ[STAGE_DIR_ENV] = str(stages)
     os.environ.setdefault("ROOTSTOCK_CONFIG", str(work / "config.toml"))
     os.environ.pop("ROOTSTOCK_POOL", None)
     try:
@@ -278,6 +284,9 @@ def private_workspace(prefix: str) -> Iterator[Path]:
         stopped = stop_pool_daemons(runtime)
         if stopped:
             print(f"warning: {stopped}", file=sys.stderr)
+        os.environ[STAGE_DIR_ENV] = str(stages)  # the staged measurements change it
+        with contextlib.suppress(Exception):
+            clean_stages()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -288,7 +297,7 @@ def stop_pool_daemons(runtime: Path) -> str:
     ``$XDG_RUNTIME_DIR``), never the user's real one. ``rootstock workers stop
     --all`` first; a daemon that outlives it is ended by the pid its state records.
     """
-    from rootstock.runtime.pool_dir import daemon_alive, pool_dir_path, read_states
+    from rootstock.runtime.pool.directory import daemon_alive, pool_dir_path, read_states
 
     directory = pool_dir_path()
     if directory.parent != runtime or not directory.is_dir():

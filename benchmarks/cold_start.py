@@ -14,10 +14,15 @@ the CPU, on an 8-atom Cu cell:
 - on slowfs, the operations (by kind) and bytes that one calculator's start made
   the filesystem serve.
 
+Then, with the build's image (``install`` packs one by default), workers started from a
+node-local stage (``_cold_start_staged.py``): the first on a node, a later one, staging
+alone, and ``--nodes`` K nodes at once.
+
 Timings are printed, never asserted.
 
     python benchmarks/cold_start.py [--quick] [--json] [--root ROOT] [--no-chgnet]
                                     [--latency-ms 1] [--read-mbps 50] [--runs N]
+                                    [--modes mount,copy] [--nodes 4] [--no-cold-phases]
 
 The envs are built by real uv into the persistent root that ``benchmarks/throughput.py``
 uses (``--build-dir``, default ``$ROOTSTOCK_BENCH_DIR`` or
@@ -99,13 +104,16 @@ def cell() -> Any:
     return bulk("Cu", "fcc", a=3.6, cubic=True).repeat((1, 1, 2))
 
 
-def first_energy(root: Path, checkpoint: str) -> tuple[float, float]:
-    """(seconds from the constructor to the first energy, the energy), a fresh worker."""
+def first_energy(root: Path | str, checkpoint: str, stage: str = "off") -> tuple[float, float]:
+    """(seconds from the constructor to the first energy, the energy), a fresh worker
+    started as ``stage`` says (``off``: from the shared env, as before images)."""
     from rootstock import RootstockCalculator
 
     atoms = cell()
     start = time.perf_counter()
-    with RootstockCalculator(checkpoint, root=root, device="cpu", shared=False) as calc:
+    with RootstockCalculator(
+        checkpoint, root=root, device="cpu", shared=False, stage=stage
+    ) as calc:
         atoms.calc = calc
         energy = float(atoms.get_potential_energy())
         elapsed = time.perf_counter() - start
@@ -114,8 +122,8 @@ def first_energy(root: Path, checkpoint: str) -> tuple[float, float]:
 
 def phases(root: Path, checkpoint: str) -> dict[str, float]:
     """The phases of a start, in the env's own Python with a worker's environment."""
-    from rootstock.runtime.spawn import worker_environment
     from rootstock.runtime.spec import WorkerOptions, resolve_worker_spec
+    from rootstock.runtime.worker_env import worker_environment
 
     spec = resolve_worker_spec(checkpoint, WorkerOptions(root, device="cpu"))
     env = worker_environment(spec.layout, spec.env_name, offline=True)
@@ -155,19 +163,28 @@ def measure(root: Path, checkpoint: str, work: Path, args: argparse.Namespace) -
             before = counts(m)
             cold.append(first_energy(m, checkpoint))
             served = difference(counts(m), before)
-        if args.quick:
-            continue  # CI's smoke run: the end-to-end start and its counts only
+        if args.quick or args.no_cold_phases:
+            continue  # the end-to-end start and its counts only
         with slowfs(
             root, work / f"slowfs-{checkpoint}-{run}p", args.latency_ms, args.read_mbps
         ) as m:
             cold_phases.append(phases(m, checkpoint))
     energies = {round(e, 10) for _, e in local + cold}
+    staged = None
+    if args.modes:
+        from _cold_start_staged import measure_staged
+
+        env = checkpoint.split("-")[0]
+        warm = statistics.median(s for s, _ in local)
+        staged = measure_staged(root, checkpoint, env, work, args, warm)
+        energies |= {e for mode in args.modes for e in staged[mode]["energies"]}
     return {
         "local_warm_s": statistics.median(s for s, _ in local),
         "slowfs_cold_s": statistics.median(s for s, _ in cold),
         "local_warm_phases": median_phases(local_phases),
         "slowfs_cold_phases": median_phases(cold_phases) if cold_phases else None,
         "slowfs_one_start": served,
+        "staged": staged,
         "same_energy": len(energies) == 1,
     }
 
@@ -184,12 +201,29 @@ def main() -> None:
     parser.add_argument("--root", help="an install with the emt (and chgnet) envs built")
     parser.add_argument("--build-dir", help="the persistent root to build the envs into")
     parser.add_argument("--no-chgnet", action="store_true", help="EMT only")
+    parser.add_argument(
+        "--no-cold-phases",
+        action="store_true",
+        help="skip the phases of the unstaged cold start (a second cold start each)",
+    )
     parser.add_argument("--build-timeout", type=float, help="seconds for the CHGNet build")
     parser.add_argument("--latency-ms", type=float, default=1.0)
     parser.add_argument("--read-mbps", type=float, default=50.0)
     parser.add_argument("--runs", type=int, help="starts of each kind (default 3; 1 in --quick)")
+    parser.add_argument(
+        "--modes",
+        default=None,
+        help="stage modes to measure, comma-separated, or 'none' (default mount,copy; "
+        "mount in --quick)",
+    )
+    parser.add_argument(
+        "--nodes", type=int, help="simulated nodes starting at once (default 4; 0 in --quick)"
+    )
     args = parser.parse_args()
     args.runs = args.runs or (1 if args.quick else 3)
+    modes = args.modes or ("mount" if args.quick else "mount,copy")
+    args.modes = [] if modes == "none" else [m.strip() for m in modes.split(",") if m.strip()]
+    args.nodes = args.nodes if args.nodes is not None else (0 if args.quick else 4)
     if args.quick:
         args.no_chgnet = True
 
@@ -237,6 +271,10 @@ def report(results: dict[str, Any]) -> None:
         header = ("", "warm local", "cold slowfs", "ratio")
         print_table(f"{model}: time to first energy", rows, header)
         print(f"  operations by kind: {served['ops']}")
+        if r.get("staged"):
+            from _cold_start_staged import report_staged
+
+            report_staged(model, r["staged"], r["slowfs_cold_s"], r["local_warm_s"])
         if not r["same_energy"]:
             print("  WARNING: the energies differ between starts")
 

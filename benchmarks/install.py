@@ -2,7 +2,9 @@
 
 Both sides use the same warm uv cache and the same interpreter, measured
 alternately in one run. The bare side is `uv venv` + `uv pip install
---compile-bytecode` of the env's own dependencies. Target: rootstock <= 1.3x.
+--compile-bytecode` of the env's own dependencies, so the rootstock side builds without
+an image (`--no-image`); one more install packs it, on a row of its own. Target:
+rootstock <= 1.3x.
 
     python benchmarks/install.py [--quick] [--repeat N]
 """
@@ -48,9 +50,11 @@ def main() -> None:
         (root / ".uv-cache").symlink_to(cache)
         return root
 
-    def rootstock_install(tag: str) -> None:
+    def rootstock_install(tag: str, image: bool = False) -> None:
+        # Like for like with bare uv, without the image; the image's cost on its own row.
         root = fresh_root(tag)
-        run([*rootstock, "install", ENV_FILE, "--root", root, "--python", python], env=env)
+        flag = "--image" if image else "--no-image"
+        run([*rootstock, "install", ENV_FILE, "--root", root, "--python", python, flag], env=env)
 
     def bare_uv(tag: str) -> None:
         venv = work / f"bare-{tag}"
@@ -77,10 +81,12 @@ def main() -> None:
             ours.append(timed(lambda i=i: rootstock_install(str(i))))
             bare.append(timed(lambda i=i: bare_uv(str(i))))
         ratio = median(ours) / median(bare)
+        with_image = timed(lambda: rootstock_install("image", image=True))
         print_table(
             f"install benchmark (median of {repeat}, warm uv cache, {python})",
             [
-                ("rootstock install emt.py", f"{median(ours):.2f} s", "", ""),
+                ("rootstock install emt.py --no-image", f"{median(ours):.2f} s", "", ""),
+                ("  the same, packing its image (--image)", f"{with_image:.2f} s", "", ""),
                 ("uv venv + uv pip install --compile-bytecode", f"{median(bare):.2f} s", "", ""),
                 ("ratio", f"{ratio:.2f}x", "<= 1.3x", "yes" if ratio <= 1.3 else "no"),
             ],

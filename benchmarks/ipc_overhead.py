@@ -56,7 +56,7 @@ def fake_root(base: Path, python: str) -> Path:
 
     root = base / "root"
     root.mkdir(parents=True)
-    write_layout(root, None)
+    write_layout(root, None, images=False)  # hand-made envs: no image to stage
     for name, source in (("null", NULL_ENV), ("emt", EMT_ENV)):
         env = root / "envs" / name
         (env / "bin").mkdir(parents=True)

@@ -63,8 +63,11 @@ def setup(checkpoint, device="cuda", modal=None, **kw):
     if checkpoint == "sevennet-mf-0":
         choices = " or ".join(MF_0_MODALS)
         if modal is None:
-            raise ValueError(
-                f"sevennet-mf-0 needs modal={choices} (which DFT functional's head to use)"
+            # Python's own words for a missing argument: verification then points the
+            # maintainer at VERIFY_KWARGS.
+            raise TypeError(
+                "setup() missing 1 required keyword argument: 'modal' (sevennet-mf-0 "
+                f"needs modal={choices}: which DFT functional's head to use)"
             )
         key = str(modal).upper()
         if key not in MF_0_MODALS:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from rootstock.install.layout import IMAGES_ENV
 from tests.leftovers import find_leftovers, remove_leftovers
 from tests.run_cache import make_run_dir, run_dir, run_lock, shared_build
 
@@ -54,6 +55,9 @@ def pytest_configure(config: pytest.Config) -> None:
         (made / "tmp").mkdir()
         os.environ["TMPDIR"] = str(made / "tmp")
         tempfile.tempdir = None  # this process too
+    # Builds pack no image unless a test asks (install --image): an image costs each
+    # build seconds and a hundred MB or more of disk.
+    os.environ.setdefault(IMAGES_ENV, "0")
 
 
 #: The longest test files (the timing report that scripts/test writes), longest first.

@@ -5,7 +5,8 @@ see :mod:`tests.run_cache`), and so does every process those start: workers, poo
 daemons, uv, SLURM jobs submitted with the caller's environment. At the end of the
 run, the first pytest process looks for every process of its user whose environment
 holds that exact assignment, for mounts below the run's directories, and for run
-directories (``rootstock-*``) left in the run's ``$TMPDIR``. Anything found fails
+directories (``rootstock-*``) left in the run's ``$TMPDIR``, and for node-local stage
+directories (``.rootstock-stage-*``) there or in the tests' temp dirs. Anything found fails
 the run, named, and is then removed, so that nothing outlives the run either way.
 ``rootstock-<uid>`` is not a run dir but the user's lasting directory (the pool and
 compiler cache fallback), which the product's own sweep of dead run dirs skips too.
@@ -32,6 +33,7 @@ from tests.run_cache import RUN_DIR_ENV
 #: Time for teardowns still under way (xdist workers exiting, daemons idling out).
 SETTLE_S = 30.0
 RUN_DIR_PREFIX = "rootstock-"
+STAGE_GLOB = ".rootstock-stage-*"
 
 
 @dataclass
@@ -39,14 +41,16 @@ class Leftovers:
     processes: list[tuple[int, str]] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)
     run_dirs: list[Path] = field(default_factory=list)
+    stages: list[Path] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.processes or self.mounts or self.run_dirs)
+        return bool(self.processes or self.mounts or self.run_dirs or self.stages)
 
     def lines(self) -> list[str]:
         out = [f"process {pid}: {cmd}" for pid, cmd in self.processes]
         out += [f"mount: {point}" for point in self.mounts]
         out += [f"run dir: {path}" for path in self.run_dirs]
+        out += [f"stage directory: {path}" for path in self.stages]
         return out
 
 
@@ -137,7 +141,24 @@ def find_leftovers(
             and p.name != lasting
             and not any(p.name.startswith(prefix) for prefix in ours)
         )
-    return Leftovers(processes, mounts_below([run_dir, *temp_roots]), run_dirs)
+    return Leftovers(
+        processes, mounts_below([run_dir, *temp_roots]), run_dirs, stage_dirs(tmp_dir, temp_roots)
+    )
+
+
+def stage_dirs(tmp_dir: Path, temp_roots: list[Path]) -> list[Path]:
+    """Node-local stage directories (``.rootstock-stage-<uid>``, rootstock.runtime.stage_dir)
+    in the run's temp dir, or in a test's ``tmp_path`` (at most three levels below a temp
+    root, where the tests' ``$ROOTSTOCK_STAGE_DIR`` lies)."""
+    patterns = [STAGE_GLOB, f"*/{STAGE_GLOB}", f"*/*/{STAGE_GLOB}", f"*/*/*/{STAGE_GLOB}"]
+    found: list[Path] = []
+    with contextlib.suppress(OSError):
+        found += tmp_dir.glob(STAGE_GLOB)
+    for top in temp_roots:
+        for pattern in patterns[1:]:
+            with contextlib.suppress(OSError):
+                found += top.glob(pattern)
+    return sorted(set(found))
 
 
 def remove_leftovers(found: Leftovers) -> None:
@@ -154,5 +175,5 @@ def remove_leftovers(found: Leftovers) -> None:
                 )
                 if done.returncode == 0:
                     break
-    for path in found.run_dirs:
+    for path in [*found.run_dirs, *found.stages]:
         shutil.rmtree(path, ignore_errors=True)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rootstock.errors import RootstockError, WorkerDiedError, WorkerError
-
-__version__ = "0.1.0"
+from rootstock.version import __version__
 
 __all__ = [
     "RootstockCalculator",
@@ -26,12 +25,12 @@ __all__ = [
 
 if TYPE_CHECKING:
     from rootstock.parallel.evaluation import evaluate, evaluate_iter
-    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime import RootstockCalculator
 
 
 def __getattr__(name: str) -> Any:
     if name == "RootstockCalculator":
-        from rootstock.runtime.calculator import RootstockCalculator
+        from rootstock.runtime import RootstockCalculator
 
         return RootstockCalculator
     if name in ("evaluate", "evaluate_iter"):

@@ -7,11 +7,22 @@ from __future__ import annotations
 
 from typing import Any
 
+#: How to upgrade this project, for every hint that says to. The PyPI package called
+#: ``rootstock`` is an unrelated project: ``pip install -U rootstock`` would fetch it.
+UPGRADE_HINT = (
+    "upgrade rootstock from a newer checkout or wheel of this project (the PyPI package "
+    "called rootstock is another project): `uv tool install --reinstall PATH`, "
+    "`pipx install --force PATH`, or `pip install --force-reinstall PATH` in its venv"
+)
+
 
 class RootstockError(Exception):
     """Base of every error rootstock raises on purpose."""
 
     exit_code = 1
+    #: The hint in command-line terms (``--root``), where ``hint`` says it in Python
+    #: terms (``root=``); the CLI shows it instead. None: ``hint`` serves both.
+    cli_hint: str | None = None
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -46,7 +57,15 @@ class UsageError(RootstockError):
 
 
 class RootNotFound(RootstockError):
-    """No install root could be determined, or it does not exist."""
+    """No install root could be determined, or it does not exist.
+
+    Raised alike for the CLI and for a user's script: ``hint`` names the keywords
+    (``root=``, ``cluster=``), ``cli_hint`` the options (``--root``, ``--cluster``).
+    """
+
+    def __init__(self, message: str, hint: str | None = None, cli_hint: str | None = None):
+        super().__init__(message, hint)
+        self.cli_hint = cli_hint
 
 
 class LayoutError(RootstockError):
@@ -161,6 +180,14 @@ class WorkerError(RootstockError):
         if self.remote_traceback:
             text += "\n--- worker traceback ---\n" + self.remote_traceback.rstrip()
         return text
+
+
+class DeviceNotVisible(WorkerError):
+    """The worker refused, before ``setup()``, a device this node does not show.
+
+    The message is one line with the fix (``... or pass --device cpu``); no
+    traceback, since nothing of the model ran.
+    """
 
 
 class WorkerDiedError(WorkerError):

@@ -344,6 +344,27 @@ def test_checks_are_kept_in_the_pushed_manifest(live_dashboard):
     assert record["verifications"][cluster]["gpu"]["checks"] == checks
 
 
+def test_a_schema_3_manifest_is_kept_with_its_image_and_staged(live_dashboard):
+    cluster, auth = live_dashboard.cluster_with_key()
+    record = {**manifests.record("mace"), "staged": "mount"}
+    body = manifests.manifest(cluster, {"mace": {"mace-mp-0-small": {"gpu": record}}})
+    image = {
+        "file": ".rootstock-image.sqfs",
+        "sha256": "3f" * 32,
+        "size": 4096,
+        "compression": "lz4",
+    }
+    body["schema_version"] = 3
+    body["envs"]["mace"]["image"] = image
+    response = put_manifest(live_dashboard, cluster, body, auth)
+    assert response.status_code == 200, response.text
+    stored = httpx.get(f"{live_dashboard.url}api/v1/clusters/{cluster}/manifest").json()
+    assert stored["manifest"] == body
+    coverage = httpx.get(f"{live_dashboard.url}api/v1/coverage", params={"cluster": cluster})
+    [row] = coverage.json()["checkpoints"]
+    assert row["cells"][cluster]["state"] == "verified"
+
+
 @pytest.mark.parametrize(
     "shape", [*list(_wrong_shapes("x")), "not UTF-8", "invalid JSON", "empty body", "NaN"]
 )

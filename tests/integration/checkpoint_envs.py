@@ -68,7 +68,7 @@ def setup(checkpoint, device="cuda", **kw):
 # cache root, so a test can read back the exact (JSON-typed) kwargs the worker saw.
 KWARG_SETUP = '''
 
-def setup(checkpoint, device="cuda", scale=None, name=None, **kw):
+def setup(checkpoint, device="cuda", *, scale, name=None, **kw):
     """EMT for a checkpoint that cannot run without ``scale=1`` or ``scale=2``."""
     import json
     import os

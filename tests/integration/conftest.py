@@ -25,8 +25,9 @@ import pytest
 
 from rootstock.install.layout import write_layout
 from rootstock.ops.workers import stop_workers
-from rootstock.runtime.pool_dir import read_states
+from rootstock.runtime.pool.directory import read_states
 from tests.conftest import copy_env, copy_root, make_root, run_rootstock
+from tests.integration.images import image_root, own_image_root, stage_dir  # noqa: F401
 from tests.run_cache import shared_build
 
 REPO = Path(__file__).resolve().parents[2]

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pytest
 
-from rootstock.install.layout import resolve_layout
+from rootstock.install.machine import resolve_layout
 from rootstock.install.manifest.store import load_manifest
 from tests.conftest import ROOTSTOCK, run_rootstock
 from tests.integration.killing import TrialResult, run_trial

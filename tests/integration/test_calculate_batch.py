@@ -12,25 +12,20 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 from ase import Atoms
-from ase.build import bulk, fcc111, molecule
+from ase.build import fcc111, molecule
 from ase.calculators.emt import EMT
 
 import rootstock
 from rootstock import RootstockCalculator
 from rootstock.errors import UsageError, WorkerDiedError, WorkerError, WorkerTimeout
 from rootstock.runtime.session import WorkerSession
+from tests.integration.structures import cu
 
 # The first test also waits for the session's env builds (real uv), hence 600 s.
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(600)]
 
 TIGHT = {"rel": 1e-12, "abs": 0}
 CLOSE = {"rtol": 1e-12, "atol": 0}
-
-
-def cu(repeat=(2, 1, 1), seed=0, a=3.62) -> Atoms:
-    atoms = bulk("Cu", "fcc", a=a, cubic=True) * repeat
-    atoms.rattle(0.05, seed=seed)
-    return atoms
 
 
 def mixed() -> list[Atoms]:
@@ -334,13 +329,13 @@ def test_an_env_vendored_before_batching_gets_a_rebuild_hint(own_root):
     # An older worker: its protocol module does not know the BATCH word. The file is
     # replaced, never written through (uv hard-links files from its cache).
     vendored = next((own_root / "envs" / "emt").resolve().glob("lib/python*/site-packages"))
-    protocol = vendored / "rootstock" / "runtime" / "protocol.py"
+    protocol = vendored / "rootstock" / "wire" / "framing.py"
     text = protocol.read_text()
     assert "        BATCH, BATCHREADY,\n" in text
-    older = protocol.with_name("protocol.py.older")
+    older = protocol.with_name("framing.py.older")
     older.write_text(text.replace("        BATCH, BATCHREADY,\n", ""))
     os.replace(older, protocol)
-    for cached in protocol.parent.glob("__pycache__/protocol.*"):
+    for cached in protocol.parent.glob("__pycache__/framing.*"):
         cached.unlink()
     with RootstockCalculator(root=own_root, checkpoint="emt", device="cpu", shared=False) as calc:
         with pytest.raises(WorkerError, match="older rootstock") as caught:

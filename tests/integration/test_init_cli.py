@@ -20,7 +20,8 @@ import tomllib
 
 import pytest
 
-from rootstock.install.layout import LAYOUT_VERSION, read_layout, resolve_cache_root
+from rootstock.install.layout import LAYOUT_VERSION, read_layout
+from rootstock.install.machine import resolve_cache_root
 from tests.conftest import ROOTSTOCK, run_rootstock
 from tests.unit.test_init import register_legacy_cluster, snapshot
 

@@ -24,7 +24,7 @@ from rootstock.install import build
 from rootstock.install.build import BuildOptions, build_env
 from rootstock.install.envfile import read_env_file
 from rootstock.install.interpreters import probe_interpreter
-from rootstock.install.layout import resolve_layout
+from rootstock.install.machine import resolve_layout
 from tests.conftest import run_rootstock
 
 pytestmark = pytest.mark.timeout(900)

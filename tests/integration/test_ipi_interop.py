@@ -114,8 +114,9 @@ def test_serve_retries_until_the_server_is_up(fake_built_root, tmp_path):
         assert serve.wait(timeout=60) == 0, log.read_text()
 
 
-def test_serve_without_a_structure_explains_itself(fake_built_root, tmp_path):
-    atoms, _ = start_structure(tmp_path)
+def test_serve_without_a_structure_refuses_before_starting_a_worker(fake_built_root):
+    # A standard server sends no species: refused at once (exit 2), not at the first
+    # POSDATA with the server left waiting for a client that is gone.
     name = f"rootstock-test-{uuid.uuid4().hex[:12]}"
     argv = [
         *ROOTSTOCK,
@@ -128,16 +129,11 @@ def test_serve_without_a_structure_explains_itself(fake_built_root, tmp_path):
         "--device",
         "cpu",
     ]
-    with (
-        SocketIOCalculator(unixsocket=name, timeout=60) as calc,
-        process_group(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as serve,
-    ):
-        atoms.calc = calc
-        with pytest.raises(Exception):  # noqa: B017 - ASE reports a closed socket its own way
-            atoms.get_potential_energy()
-        output, _ = serve.communicate(timeout=60)
-    assert serve.returncode == 1
-    assert b"--structure" in output
+    with process_group(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as serve:
+        _, err = serve.communicate(timeout=60)
+    assert serve.returncode == 2, err
+    assert b"hint: pass --structure FILE" in err
+    assert b"waiting for a server" not in err  # no worker was started
 
 
 IPI_INPUT = """\

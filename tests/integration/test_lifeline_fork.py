@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rootstock.runtime.lifeline import Lifeline
+from rootstock.wire.lifeline import Lifeline
 from tests.unit.test_lifeline import watched
 
 pytestmark = pytest.mark.timeout(30)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ase.build import bulk
 from ase.calculators.emt import EMT
 from ase.calculators.socketio import SocketIOCalculator
 from ase.io import write
@@ -25,6 +24,7 @@ from ase.io import write
 from rootstock import RootstockCalculator
 from rootstock.errors import UsageError, WorkerDiedError, WorkerError, WorkerTimeout
 from tests.integration.conftest import process_group
+from tests.integration.structures import cu
 
 # The first test also waits for the session's env build (real uv), hence 600 s.
 pytestmark = pytest.mark.timeout(600)
@@ -41,12 +41,6 @@ def _isolated_worker(monkeypatch, tmp_path_factory):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "user-cache"))
     monkeypatch.delenv("ROOTSTOCK_WORKER_LOG", raising=False)
     monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
-
-
-def cu() -> object:
-    atoms = bulk("Cu", "fcc", a=3.62, cubic=True) * (2, 1, 1)
-    atoms.rattle(0.05, seed=3)
-    return atoms
 
 
 def emt(atoms):
@@ -100,7 +94,7 @@ MALFORMED = [
     ("prop", "kind", "text"), MALFORMED, ids=[f"{p}-{k}" for p, k, _ in MALFORMED]
 )
 def test_a_malformed_result_fails_at_once_and_the_worker_stays_up(malformed_root, prop, kind, text):
-    atoms = cu()
+    atoms = cu(seed=3)
     with calculator(malformed_root) as calc:
         atoms.calc = calc
         atoms.get_potential_energy()
@@ -121,7 +115,7 @@ def test_a_malformed_result_fails_at_once_and_the_worker_stays_up(malformed_root
 
 
 def test_the_public_path_of_a_calculator_with_its_own_plumbing_is_checked(malformed_root):
-    atoms = cu()
+    atoms = cu(seed=3)
     with calculator(malformed_root, setup_kwargs={"own_plumbing": True}) as calc:
         atoms.calc = calc
         for prop, kind, text in (MALFORMED[0], MALFORMED[8]):
@@ -134,7 +128,7 @@ def test_the_public_path_of_a_calculator_with_its_own_plumbing_is_checked(malfor
 
 def test_a_3x3_stress_stays_valid(malformed_root):
     """matgl returns its stress as a 3x3 matrix."""
-    atoms = cu()
+    atoms = cu(seed=3)
     atoms.info["malformed"] = {"stress": "3x3"}
     with calculator(malformed_root) as calc:
         atoms.calc = calc
@@ -154,7 +148,7 @@ NONFINITE = [
     ("prop", "kind", "text"), NONFINITE, ids=[f"{p}-{k}" for p, k, _ in NONFINITE]
 )
 def test_nan_or_inf_is_an_error_unless_allowed(malformed_root, prop, kind, text):
-    atoms = cu()
+    atoms = cu(seed=3)
     atoms.info["malformed"] = {prop: kind}
     with calculator(malformed_root) as calc:
         atoms.calc = calc
@@ -181,7 +175,7 @@ def test_allow_nonfinite_must_be_a_bool(malformed_root):
 
 def test_rootstock_serve_closes_the_connection_on_a_malformed_result(malformed_root, tmp_path):
     """Standard i-PI has no error frame: the driver must stop, not integrate garbage."""
-    atoms = cu()
+    atoms = cu(seed=3)
     structure = tmp_path / "start.xyz"
     write(structure, atoms, format="extxyz")
     name = f"rootstock-test-{uuid.uuid4().hex[:12]}"

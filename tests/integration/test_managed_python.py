@@ -38,6 +38,7 @@ from rootstock.install import interpreters
 from rootstock.install.interpreters import choose_interpreter, world_usable
 from rootstock.install.layout import InstallLayout
 from tests.conftest import make_root, run_rootstock
+from tests.integration.images import worker_argv0
 
 pytestmark = [
     pytest.mark.timeout(600),
@@ -97,6 +98,18 @@ class DownloadLists:
     good: Path  # the archive, by file:// URL
     unreachable: Path  # an http URL on a loopback port nothing listens on
     missing: Path  # a file:// URL of a file that does not exist
+
+
+def python_says(python: Path | str, code: str) -> str:
+    """What ``python -I -c code`` prints (stripped), with a deadline."""
+    return subprocess.run(
+        [str(python), "-I", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        stdin=subprocess.DEVNULL,
+    ).stdout.strip()
 
 
 def base_python() -> Path:
@@ -246,14 +259,7 @@ def test_managed_python_from_local_download_list(tmp_path, python_downloads, uv_
     assert not marker_of(layout).exists()
     # --no-bin: nothing linked into a bin directory of the (redirected) HOME.
     assert not (layout.home_dir / ".local" / "bin").exists()
-    out = subprocess.run(
-        [str(interp.path), "-c", "import sys, ssl, json; print(sys.prefix)"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-        stdin=subprocess.DEVNULL,
-    ).stdout.strip()
+    out = python_says(interp.path, "import sys, ssl, json; print(sys.prefix)")
     assert Path(out).resolve().is_relative_to(layout.python_dir.resolve())
 
     # The second choice finds it: no download, even with a list that cannot download.
@@ -322,14 +328,7 @@ def test_install_builds_env_on_managed_python(tmp_path, python_downloads, shared
     assert meta["interpreter"]["source"] == "managed", meta["interpreter"]
     assert meta["interpreter"]["version"] == python_downloads.version
     assert Path(meta["interpreter"]["path"]).is_relative_to(root / ".python")
-    base = subprocess.run(
-        [str(env_dir / "bin" / "python"), "-c", "import sys, ase; print(sys.base_prefix)"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        stdin=subprocess.DEVNULL,
-    ).stdout.strip()
+    base = python_says(env_dir / "bin" / "python", "import sys, ase; print(sys.base_prefix)")
     assert Path(base).resolve().is_relative_to((root / ".python").resolve())
 
 
@@ -378,8 +377,54 @@ def test_private_explicit_interpreter_is_warned_about(tmp_path, world_dir):
     assert len(warnings) == 1 and str(copy) in warnings[0], choice.notes
     assert "not executable by other users" in warnings[0]
 
+    # A private root's envs need work only for their owner: no warning there.
+    private_root = choose_interpreter(layout, ">=3.11", "test", explicit=str(copy), shared=False)
+    assert private_root.interpreter.path == copy
+    assert not any(n.startswith("warning:") for n in private_root.notes), private_root.notes
+
     # The same interpreter in a directory everyone can traverse draws no warning.
     private.chmod(0o755)
     shared = choose_interpreter(layout, ">=3.11", "test", explicit=str(copy))
     assert shared.interpreter.world_usable
     assert not any(n.startswith("warning:") for n in shared.notes)
+
+
+@pytest.mark.parametrize("mode", ["copy", "mount"])
+def test_an_image_carries_the_managed_interpreter_into_the_stage(
+    tmp_path, python_downloads, shared_uv_cache, uv_env, stage_dir, mode
+):
+    """The image holds the root's interpreter too: a staged worker needs nothing of
+    ``.python/`` on the shared root (it is moved away while the worker runs)."""
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+
+    from rootstock import RootstockCalculator
+
+    root = make_root(tmp_path / "root", shared_uv_cache)
+    env_file = tmp_path / "envfiles" / "tinymanaged.py"
+    env_file.parent.mkdir()
+    env_file.write_text(TINY_ENV)
+    run_rootstock(
+        "install", env_file, "--root", root, "--image", env={JSON_URL: str(python_downloads.good)}
+    )
+    atoms = bulk("Cu", cubic=True) * (2, 1, 1)
+    atoms.rattle(0.05, seed=31)
+    expected = atoms.copy()
+    expected.calc = EMT()
+    (root / ".python").rename(root / ".python-away")
+    try:
+        with RootstockCalculator("emt", root=root, device="cpu", stage=mode) as calc:
+            atoms.calc = calc
+            energy = atoms.get_potential_energy()
+            assert calc.staged == mode
+            stage_python = Path(worker_argv0(calc.worker_pid))
+            # While the worker holds the stage (a mount stays), and .python/ is away.
+            base = python_says(
+                stage_python, "import sys, os; print(sys.base_prefix, os.__file__)"
+            ).split()
+    finally:
+        (root / ".python-away").rename(root / ".python")
+    assert energy == pytest.approx(expected.get_potential_energy(), abs=1e-12)
+    prefix = stage_python.parent.parent
+    assert prefix.is_relative_to(stage_dir)
+    assert all(Path(p).is_relative_to(prefix) for p in base), base

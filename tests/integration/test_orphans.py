@@ -120,7 +120,7 @@ def test_a_client_killed_before_its_worker_connects_leaves_no_worker(fake_built_
     # a getppid() check then sees init from the start and never notices.
     script = f"""
         import os, signal
-        from rootstock.install.layout import resolve_layout
+        from rootstock.install.machine import resolve_layout
         from rootstock.runtime.spawn import spawn_worker
         from rootstock.runtime.spec import WorkerSpec
         layout = resolve_layout({str(fake_built_root)!r}, None, None)
@@ -168,7 +168,7 @@ def test_a_script_run_by_the_lifeline_runner_dies_with_its_starter(tmp_path):
     )
     script = f"""
         import os, signal, subprocess, sys, time
-        from rootstock.runtime.lifeline import Lifeline, script_command
+        from rootstock.wire.lifeline import Lifeline, script_command
         lifeline = Lifeline()
         child = subprocess.Popen(
             script_command(sys.executable, lifeline.child_fd, {str(target)!r}, ["a", "b"]),
@@ -182,9 +182,9 @@ def test_a_script_run_by_the_lifeline_runner_dies_with_its_starter(tmp_path):
         time.sleep(300)
         """
     with client(script) as (proc, spawned):
-        runner = int(read_lines(proc, 1, 30)[0])
+        runner = int(read_lines(proc, 1, 120)[0])
         spawned.append(runner)
-        assert read_lines(proc, 1, 30) == ["running"]
+        assert read_lines(proc, 1, 120) == ["running"]
         assert marker.read_text() == "a b __main__"
         os.kill(proc.pid, signal.SIGKILL)
         assert wait_gone(runner, GONE_WITHIN_S), "the script outlived its starter"
@@ -192,7 +192,7 @@ def test_a_script_run_by_the_lifeline_runner_dies_with_its_starter(tmp_path):
 
 
 def test_the_lifeline_runner_passes_the_scripts_exit_status_on(tmp_path):
-    from rootstock.runtime.lifeline import STARTER_GONE_EXIT, Lifeline, script_command
+    from rootstock.wire.lifeline import STARTER_GONE_EXIT, Lifeline, script_command
 
     target = tmp_path / "exits.py"
     target.write_text("import sys\nsys.exit(7)\n")

@@ -24,11 +24,12 @@ import pytest
 from ase.calculators.emt import EMT
 
 from rootstock.errors import RootstockError, WorkerDiedError, WorkerError
-from rootstock.install.layout import resolve_layout
+from rootstock.install.machine import resolve_layout
 from rootstock.ops.workers import list_workers
 from tests.conftest import run_rootstock
 from tests.integration.killing import is_running
-from tests.integration.pooling import al, cu, emt_energy, pooled, wait_for
+from tests.integration.pooling import pooled, wait_for
+from tests.integration.structures import al, cu, emt_energy
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(180)]
 
@@ -81,7 +82,7 @@ def client_process(root: Path, checkpoint: str = "emt", sleep: float = 0.0) -> s
 
 def test_pooled_worker_outlives_its_calculator_and_serves_another_process(own_root, pool_dir):
     directory, remember = pool_dir
-    atoms = cu()
+    atoms = cu(1, a=3.6)
     with pooled(own_root) as calc:
         atoms.calc = calc
         assert atoms.get_potential_energy() == pytest.approx(emt_energy(atoms), abs=1e-10)
@@ -127,7 +128,7 @@ def test_pooled_worker_outlives_its_calculator_and_serves_another_process(own_ro
 
 def test_two_clients_interleave_each_with_its_own_system(fake_built_root, pool_dir):
     _, remember = pool_dir
-    first, second = cu(), al()
+    first, second = cu(1, a=3.6), al()
     # shared=False: two connections to the daemon from one process, as two processes have.
     with pooled(fake_built_root, shared=False) as a, pooled(fake_built_root, shared=False) as b:
         first.calc, second.calc = a, b
@@ -183,7 +184,7 @@ def test_stop_all_stops_every_daemon(fake_built_root, pool_dir):
 @pytest.mark.timeout(300)  # builds a root of its own
 def test_hotfix_gets_a_new_daemon_and_the_old_one_leaves_after_its_clients(own_root, pool_dir):
     _, remember = pool_dir
-    atoms = cu()
+    atoms = cu(1, a=3.6)
     plain = emt_energy(atoms)
     old = pooled(own_root)
     atoms.calc = old
@@ -206,7 +207,7 @@ def test_hotfix_gets_a_new_daemon_and_the_old_one_leaves_after_its_clients(own_r
     staged.write_text(hotfixed)
     os.replace(staged, source)
 
-    fresh_atoms = cu()
+    fresh_atoms = cu(1, a=3.6)
     with pooled(own_root) as fresh:
         fresh_atoms.calc = fresh
         assert fresh_atoms.get_potential_energy() == pytest.approx(plain + 1.25, abs=1e-10)
@@ -225,7 +226,7 @@ def test_hotfix_gets_a_new_daemon_and_the_old_one_leaves_after_its_clients(own_r
 
 def test_worker_killed_mid_call_gives_worker_died_then_attaches_afresh(fake_built_root, pool_dir):
     _, remember = pool_dir
-    atoms = cu()
+    atoms = cu(1, a=3.6)
     with pooled(fake_built_root, "charge-emt") as calc:
         atoms.calc = calc
         atoms.get_potential_energy()
@@ -268,7 +269,7 @@ def test_client_killed_mid_call_does_not_wedge_the_others(fake_built_root, pool_
 
 def test_setup_failure_reaches_the_client_and_leaves_no_daemon(fake_built_root, pool_dir):
     directory, _ = pool_dir
-    atoms = cu()
+    atoms = cu(1, a=3.6)
     with pooled(fake_built_root, "broken-setup") as calc:
         atoms.calc = calc
         with pytest.raises(WorkerError, match=r"setup\(\): RuntimeError: broken on") as info:
@@ -282,7 +283,7 @@ def test_pool_dir_with_the_wrong_mode_is_refused(fake_built_root, pool_dir):
     directory, _ = pool_dir
     directory.mkdir(mode=0o700)
     directory.chmod(0o755)
-    atoms = cu()
+    atoms = cu(1, a=3.6)
     with pooled(fake_built_root) as calc:
         atoms.calc = calc
         with pytest.raises(RootstockError, match="mode 0755, not 0700"):

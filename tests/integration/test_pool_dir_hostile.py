@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 
 from rootstock.ops.workers import stop_workers
-from rootstock.runtime.pool_dir import PoolFiles, ensure_pool_dir, read_states
+from rootstock.runtime.pool.directory import PoolFiles, ensure_pool_dir, read_states
 from rootstock.runtime.spec import WorkerOptions, resolve_worker_spec
-from rootstock.runtime.worker_key import worker_key
+from rootstock.runtime.worker_keys import worker_key
 from tests.conftest import run_rootstock
 
 pytestmark = pytest.mark.timeout(600)

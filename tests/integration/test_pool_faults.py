@@ -29,7 +29,7 @@ from ase.calculators.emt import EMT
 from rootstock import RootstockCalculator
 from rootstock.errors import WorkerDiedError, WorkerError, WorkerTimeout
 from rootstock.ops.workers import PooledWorker, list_workers
-from rootstock.runtime.protocol import (
+from rootstock.wire.framing import (
     ERROR,
     FORCEREADY,
     GETFORCE,
@@ -40,7 +40,8 @@ from rootstock.runtime.protocol import (
     encode_posdata,
 )
 from tests.integration.killing import is_running, is_stopped
-from tests.integration.pooling import cu, emt_energy, pooled, wait_for
+from tests.integration.pooling import pooled, wait_for
+from tests.integration.structures import cu, emt_energy
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(600)]
 
@@ -61,7 +62,7 @@ def one_worker():
 @contextlib.contextmanager
 def warm_rogue(root: Path, remember) -> Iterator[tuple[Atoms, RootstockCalculator, PooledWorker]]:
     """A pooled rogue calculator that has computed once: its atoms, itself and its worker."""
-    atoms = cu()
+    atoms = cu(1, a=3.6)
     with rogue_calc(root, timeout=60) as calc:
         atoms.calc = calc
         atoms.get_potential_energy()
@@ -76,7 +77,7 @@ def test_a_reply_declaring_millions_of_atoms_fails_at_once_and_frees_the_pool(
     malformed_root, pool_dir
 ):
     _, remember = pool_dir
-    good, bad = cu(), cu(1)
+    good, bad = cu(1, a=3.6), cu(1, seed=1, a=3.6)
     bad.info["malformed"] = {"rogue_reply": True}
     # No timeout: before the fix the daemon waited for 400 MB that never came,
     # holding the worker lock, and this test hung until pytest's timeout.
@@ -126,7 +127,7 @@ def test_a_daemon_giving_no_verdict_leaves_the_client_saying_the_worker_runs_on(
     # The daemon normally enforces the caller's deadline and says what it did; if it
     # says nothing (here: stopped by SIGSTOP), the client gives up on its own and must
     # not claim that anything was stopped.
-    from rootstock.runtime import pool_client
+    from rootstock.runtime.pool import client as pool_client
 
     _, remember = pool_dir
     with warm_rogue(malformed_root, remember) as (atoms, calc, worker):
@@ -154,7 +155,7 @@ def test_a_daemon_giving_no_verdict_leaves_the_client_saying_the_worker_runs_on(
 
 def test_a_call_waiting_too_long_for_a_busy_worker_leaves_it_running(malformed_root, pool_dir):
     _, remember = pool_dir
-    slow, waiting = cu(), cu(2)
+    slow, waiting = cu(1, a=3.6), cu(1, seed=2, a=3.6)
     slow.info["malformed"] = {"sleep": 8}
     with rogue_calc(malformed_root, timeout=120) as a, rogue_calc(malformed_root, timeout=120) as b:
         slow.calc, waiting.calc = a, b
@@ -182,7 +183,7 @@ def test_a_call_waiting_too_long_for_a_busy_worker_leaves_it_running(malformed_r
 
 
 def test_a_worker_exiting_in_setup_reports_its_own_code_and_output(malformed_root, pool_dir):
-    atoms = cu()
+    atoms = cu(1, a=3.6)
     for attempt in range(2):  # the second daemon of the key must not show the first's log
         with rogue_calc(malformed_root, setup_kwargs={"exit_in_setup": 7}) as calc:
             atoms.calc = calc
@@ -242,7 +243,7 @@ def batch(body: bytes) -> bytes:
 
 def test_a_clients_bad_frames_fail_that_client_alone(fake_built_root, pool_dir):
     _, remember = pool_dir
-    atoms = cu()
+    atoms = cu(1, a=3.6)
     with pooled(fake_built_root, shared=False) as calc:
         atoms.calc = calc
         atoms.get_potential_energy()
@@ -311,7 +312,7 @@ def hostile_client(path: str, seed: int, stop: threading.Event, sent: list[int])
 
 def test_fuzzed_frames_from_one_client_leave_the_others_results_right(fake_built_root, pool_dir):
     _, remember = pool_dir
-    systems = [cu(), bulk("Ag", "fcc", cubic=True).repeat((2, 1, 1))]
+    systems = [cu(1, a=3.6), bulk("Ag", "fcc", cubic=True).repeat((2, 1, 1))]
     calcs = [pooled(fake_built_root, shared=False) for _ in systems]
     try:
         for atoms, calc in zip(systems, calcs, strict=True):

@@ -10,15 +10,15 @@ import time
 from pathlib import Path
 
 import pytest
-from ase.build import bulk
 from ase.calculators.emt import EMT
 
 from rootstock import RootstockCalculator
 from rootstock.errors import WorkerDiedError
 from rootstock.install.envs import load_installed_env
-from rootstock.install.layout import resolve_layout
+from rootstock.install.machine import resolve_layout
 from rootstock.ops.verify import run_verification
 from tests.integration.killing import is_running
+from tests.integration.structures import cu
 
 pytestmark = pytest.mark.timeout(600)  # the first test waits for the session's env build
 
@@ -33,12 +33,6 @@ def _isolated_worker(monkeypatch, tmp_path_factory):
     monkeypatch.delenv("ROOTSTOCK_ROOT", raising=False)
 
 
-def cu():
-    atoms = bulk("Cu", "fcc", a=3.62, cubic=True) * (2, 1, 1)
-    atoms.rattle(0.05, seed=5)
-    return atoms
-
-
 def test_a_segfault_in_setup_is_reported_as_loading_the_model(malformed_root: Path):
     with RootstockCalculator(
         root=malformed_root,
@@ -47,7 +41,7 @@ def test_a_segfault_in_setup_is_reported_as_loading_the_model(malformed_root: Pa
         setup_kwargs={"segfault_in_setup": True},
         timeout=60,
     ) as calc:
-        atoms = cu()
+        atoms = cu(seed=5)
         atoms.calc = calc
         with pytest.raises(WorkerDiedError) as caught:
             atoms.get_potential_energy()
@@ -77,7 +71,7 @@ def test_a_worker_rootstock_killed_itself_is_not_blamed_on_the_oom_killer(
             killpg(pgid, sig)
 
         monkeypatch.setattr(os, "killpg", descheduled_killpg)
-    atoms = cu()
+    atoms = cu(seed=5)
     with RootstockCalculator(
         root=malformed_root, checkpoint=CHECKPOINT, device="cpu", timeout=60
     ) as calc:
@@ -105,7 +99,7 @@ def test_a_dead_worker_is_still_described_by_its_own_exit(malformed_root: Path):
     """A SIGKILL that rootstock did not send keeps its usual explanation."""
     import threading
 
-    atoms = cu()
+    atoms = cu(seed=5)
     with RootstockCalculator(
         root=malformed_root, checkpoint=CHECKPOINT, device="cpu", timeout=60
     ) as calc:

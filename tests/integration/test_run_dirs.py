@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from rootstock.install.layout import InstallLayout
-from rootstock.runtime import server, spawn
+from rootstock.runtime import server, worker_env
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -219,7 +219,7 @@ def unusable_home(tmp_path: Path) -> dict[str, str]:
 
 @pytest.fixture
 def fresh_last_resort(monkeypatch):
-    monkeypatch.setattr(spawn, "_last_resort_cache", None, raising=False)
+    monkeypatch.setattr(worker_env, "_last_resort_cache", None)
 
 
 def cc_dirs(base: Path) -> list[Path]:
@@ -228,7 +228,7 @@ def cc_dirs(base: Path) -> list[Path]:
 
 @pytest.mark.usefixtures("fresh_last_resort")
 def test_an_unusable_home_gets_one_fallback_per_user(tmpdir_base, layout, unusable_home):
-    chosen = {spawn.compiler_cache_dir(unusable_home, layout) for _ in range(3)}
+    chosen = {worker_env.compiler_cache_dir(unusable_home, layout) for _ in range(3)}
     assert chosen == {tmpdir_base / f"rootstock-{os.getuid()}"}
     assert stat.S_IMODE(next(iter(chosen)).stat().st_mode) == 0o700
     assert cc_dirs(tmpdir_base) == []
@@ -240,7 +240,7 @@ def test_a_home_cache_owned_by_someone_else_is_not_used(tmpdir_base, layout, tmp
     home = tmp_path / "someone"
     (home / ".cache" / "rootstock").mkdir(parents=True)
     os.chown(home / ".cache" / "rootstock", NOBODY, NOBODY)
-    chosen = spawn.compiler_cache_dir({"HOME": str(home)}, layout)
+    chosen = worker_env.compiler_cache_dir({"HOME": str(home)}, layout)
     assert chosen == tmpdir_base / f"rootstock-{os.getuid()}"
 
 
@@ -251,7 +251,7 @@ def test_a_symlinked_home_cache_is_not_followed(tmpdir_base, layout, tmp_path):
     home = tmp_path / "home"
     (home / ".cache").mkdir(parents=True)
     (home / ".cache" / "rootstock").symlink_to(elsewhere)
-    chosen = spawn.compiler_cache_dir({"HOME": str(home)}, layout)
+    chosen = worker_env.compiler_cache_dir({"HOME": str(home)}, layout)
     assert chosen == tmpdir_base / f"rootstock-{os.getuid()}"
 
 
@@ -260,7 +260,7 @@ def test_a_fallback_of_ours_that_others_can_read_is_made_0700(tmpdir_base, layou
     fallback = tmpdir_base / f"rootstock-{os.getuid()}"
     fallback.mkdir()
     fallback.chmod(0o755)
-    assert spawn.compiler_cache_dir(unusable_home, layout) == fallback
+    assert worker_env.compiler_cache_dir(unusable_home, layout) == fallback
     assert stat.S_IMODE(fallback.stat().st_mode) == 0o700
 
 
@@ -279,8 +279,8 @@ def test_a_squatted_fallback_gives_one_fresh_private_dir_per_process(
             os.chown(fallback, NOBODY, NOBODY)
         else:
             fallback.chmod(0o777)
-    first = spawn.compiler_cache_dir(unusable_home, layout)
-    again = spawn.compiler_cache_dir(unusable_home, layout)
+    first = worker_env.compiler_cache_dir(unusable_home, layout)
+    again = worker_env.compiler_cache_dir(unusable_home, layout)
     assert first == again, "every spawn made a new cache dir"
     assert first != fallback and first.parent == tmpdir_base
     assert first.name.startswith("rootstock-cc-")
@@ -306,14 +306,14 @@ def test_a_read_only_home_for_a_real_user_falls_back(tmp_path):
             import tempfile
             from pathlib import Path
             from rootstock.install.layout import InstallLayout
-            from rootstock.runtime import spawn
+            from rootstock.runtime import worker_env
             layout = InstallLayout(Path("/nonexistent/root"), Path("/nonexistent/cache"))
             tempfile.tempdir = {str(tmp)!r}
-            print(spawn.compiler_cache_dir({{"HOME": {str(home)!r}}}, layout))
-            print(spawn.compiler_cache_dir({{"HOME": {str(home)!r}}}, layout))
+            print(worker_env.compiler_cache_dir({{"HOME": {str(home)!r}}}, layout))
+            print(worker_env.compiler_cache_dir({{"HOME": {str(home)!r}}}, layout))
             """
         )
-        src = Path(spawn.__file__).resolve().parents[2]
+        src = Path(worker_env.__file__).resolve().parents[2]
         proc = subprocess.run(
             [
                 "setpriv",

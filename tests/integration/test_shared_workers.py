@@ -21,27 +21,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from ase.build import bulk
-from ase.calculators.emt import EMT
 from ase.mep import NEB
 
 from rootstock import RootstockCalculator
 from rootstock.errors import WorkerDiedError, WorkerTimeout
 from rootstock.runtime import shared
 from tests.integration.killing import is_running, worker_children
+from tests.integration.structures import cu, emt_energy
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(180)]
-
-
-def cu(repeat: int = 2, seed: int = 0):
-    atoms = bulk("Cu", "fcc", a=3.62, cubic=True) * (repeat, repeat, repeat)
-    atoms.rattle(0.05, seed=seed)
-    return atoms
-
-
-def emt_energy(atoms) -> float:
-    ref = atoms.copy()
-    ref.calc = EMT()
-    return ref.get_potential_energy()
 
 
 def energy(calc: RootstockCalculator, atoms) -> float:
@@ -83,7 +71,7 @@ def calcs():
 def test_same_key_shares_one_worker_and_computes_right(fake_built_root, calcs):
     a = calcs(root=fake_built_root)
     b = calcs(root=fake_built_root)
-    atoms, other = cu(), cu(seed=1)
+    atoms, other = cu(2), cu(2, seed=1)
     assert energy(a, atoms) == pytest.approx(emt_energy(atoms), abs=1e-10)
     assert energy(b, other) == pytest.approx(emt_energy(other), abs=1e-10)
     assert a.worker_pid is not None and a.worker_pid == b.worker_pid
@@ -105,8 +93,8 @@ def test_same_key_shares_one_worker_and_computes_right(fake_built_root, calcs):
 def test_a_different_key_or_shared_false_gets_its_own_worker(fake_built_root, calcs, other):
     a = calcs(root=fake_built_root)
     b = calcs(root=fake_built_root, **other)
-    energy(a, cu())
-    energy(b, cu())
+    energy(a, cu(2))
+    energy(b, cu(2))
     assert a.worker_pid is not None and b.worker_pid is not None
     assert a.worker_pid != b.worker_pid
     # The opt-out's close stops its own worker, never the shared one.
@@ -119,15 +107,15 @@ def test_a_different_key_or_shared_false_gets_its_own_worker(fake_built_root, ca
 def test_close_is_counted_and_a_closed_calculator_rejoins(fake_built_root, calcs):
     a = calcs(root=fake_built_root)
     b = calcs(root=fake_built_root)
-    energy(a, cu())
-    energy(b, cu())
+    energy(a, cu(2))
+    energy(b, cu(2))
     pid = a.worker_pid
     a.close()
     assert a.worker_pid is None
     assert is_running(pid) and b.worker_pid == pid
-    assert energy(b, cu(seed=3)) == pytest.approx(emt_energy(cu(seed=3)), abs=1e-10)
+    assert energy(b, cu(2, seed=3)) == pytest.approx(emt_energy(cu(2, seed=3)), abs=1e-10)
     # A closed calculator computes again, joining the worker still held by b.
-    energy(a, cu(seed=4))
+    energy(a, cu(2, seed=4))
     assert a.worker_pid == pid
     a.close()
     b.close()
@@ -139,10 +127,10 @@ def test_garbage_collection_drops_a_hold(fake_built_root, calcs):
     import gc
 
     b = calcs(root=fake_built_root)
-    energy(b, cu())
+    energy(b, cu(2))
     pid = b.worker_pid
     a = RootstockCalculator(root=fake_built_root, checkpoint="emt", device="cpu")
-    energy(a, cu())
+    energy(a, cu(2))
     assert a.worker_pid == pid
     del a
     gc.collect()
@@ -182,16 +170,16 @@ def test_threads_interleave_through_one_worker(fake_built_root, calcs):
 def test_a_killed_shared_worker_is_replaced_for_every_sharer(fake_built_root, calcs):
     a = calcs(root=fake_built_root)
     b = calcs(root=fake_built_root)
-    energy(a, cu())
+    energy(a, cu(2))
     energy(b, cu(1))
     old = a.worker_pid
     os.kill(old, signal.SIGKILL)
     assert wait_gone(old)
     with pytest.raises(WorkerDiedError):
-        energy(a, cu(seed=5))
+        energy(a, cu(2, seed=5))
     # b's next call starts the new worker, and a's next call finds it.
     assert energy(b, cu(1, seed=6)) == pytest.approx(emt_energy(cu(1, seed=6)), abs=1e-10)
-    assert energy(a, cu(seed=7)) == pytest.approx(emt_energy(cu(seed=7)), abs=1e-10)
+    assert energy(a, cu(2, seed=7)) == pytest.approx(emt_energy(cu(2, seed=7)), abs=1e-10)
     assert a.worker_pid == b.worker_pid
     assert a.worker_pid not in (None, old)
     assert worker_children(fake_built_root) == [a.worker_pid]
@@ -199,24 +187,24 @@ def test_a_killed_shared_worker_is_replaced_for_every_sharer(fake_built_root, ca
 
 def test_a_hotfix_gives_new_calculators_a_new_worker(own_root, calcs):
     old = calcs(root=own_root)
-    energy(old, cu())
+    energy(old, cu(2))
     old_pid = old.worker_pid
     source = own_root / "envs" / "emt" / "env_source.py"
     text = source.read_text()
     source.unlink()  # never write through a link the build may share
     source.write_text(text + "\n# hotfix: a harmless comment\n")
     new = calcs(root=own_root)
-    energy(new, cu())
+    energy(new, cu(2))
     assert new.worker_pid not in (None, old_pid)
     assert old.worker_pid == old_pid and is_running(old_pid)  # the old one keeps its own
-    assert energy(old, cu(seed=2)) == pytest.approx(emt_energy(cu(seed=2)), abs=1e-10)
+    assert energy(old, cu(2, seed=2)) == pytest.approx(emt_energy(cu(2, seed=2)), abs=1e-10)
     held = [key for key in shared.held_keys() if key and key[0].root == str(own_root)]
     assert len(held) == 2 and held[0][0].source_sha256 != held[1][0].source_sha256
 
 
 def test_copies_share_in_process(fake_built_root, calcs):
     a = calcs(root=fake_built_root, timeout=77.0, setup_kwargs={"asap_cutoff": False})
-    atoms = cu()
+    atoms = cu(2)
     atoms.calc = a
     e = atoms.get_potential_energy()
     deep = copy.deepcopy(a)
@@ -225,7 +213,7 @@ def test_copies_share_in_process(fake_built_root, calcs):
         assert (twin.spec, twin.timeout, twin.shared, twin.pool) == (a.spec, 77.0, True, False)
         assert twin.results["energy"] == e  # ASE copies results along with the atoms
         assert twin.worker_pid is None  # no session is copied; it joins at its first call
-        assert energy(twin, cu(seed=8)) == pytest.approx(emt_energy(cu(seed=8)), abs=1e-10)
+        assert energy(twin, cu(2, seed=8)) == pytest.approx(emt_energy(cu(2, seed=8)), abs=1e-10)
         assert twin.worker_pid == a.worker_pid
         twin.close()
     assert a.worker_pid is not None and is_running(a.worker_pid)
@@ -245,7 +233,7 @@ calc.close()
 
 def test_unpickled_in_another_process_it_spawns_there(fake_built_root, calcs, tmp_path):
     a = calcs(root=fake_built_root)
-    e = energy(a, cu())
+    e = energy(a, cu(2))
     blob = tmp_path / "calc.pickle"
     blob.write_bytes(pickle.dumps(a))
     out = subprocess.run(
@@ -257,7 +245,7 @@ def test_unpickled_in_another_process_it_spawns_there(fake_built_root, calcs, tm
     )
     assert out.returncode == 0, out.stderr
     child_energy, child_pid = out.stdout.split()
-    assert float(child_energy) == pytest.approx(emt_energy(cu(seed=9)), abs=1e-10)
+    assert float(child_energy) == pytest.approx(emt_energy(cu(2, seed=9)), abs=1e-10)
     assert float(child_energy) != pytest.approx(e, abs=1e-6)
     assert int(child_pid) != a.worker_pid
     assert is_running(a.worker_pid)
@@ -266,7 +254,7 @@ def test_unpickled_in_another_process_it_spawns_there(fake_built_root, calcs, tm
 def test_second_sharer_learns_the_model_report(fake_built_root, calcs):
     a = calcs(root=fake_built_root)
     b = calcs(root=fake_built_root)
-    atoms = cu()
+    atoms = cu(2)
     energy(a, atoms)
     assert "energies" in a.implemented_properties  # EMT fills per-atom energies
     # Same system as a's last call: no INIT, so the worker sends b no report.
@@ -305,14 +293,14 @@ def test_neb_images_made_by_deepcopy_use_one_worker(fake_built_root, calcs):
 def test_a_forked_child_shares_a_worker_of_its_own(fake_built_root, calcs):
     a = calcs(root=fake_built_root)
     b = calcs(root=fake_built_root)
-    energy(a, cu())
+    energy(a, cu(2))
     parent_worker = a.worker_pid
     read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover - runs in the child
         status = 1
         try:
-            energies = [energy(a, cu(seed=10)), energy(b, cu(1, seed=11))]
+            energies = [energy(a, cu(2, seed=10)), energy(b, cu(1, seed=11))]
             os.write(write_end, json.dumps([energies, a.worker_pid, b.worker_pid]).encode())
             a.close()
             b.close()
@@ -324,10 +312,10 @@ def test_a_forked_child_shares_a_worker_of_its_own(fake_built_root, calcs):
     energies, child_a, child_b = json.loads(os.read(read_end, 4096))
     os.close(read_end)
     assert os.waitstatus_to_exitcode(child_status) == 0
-    assert energies == pytest.approx([emt_energy(cu(seed=10)), emt_energy(cu(1, seed=11))])
+    assert energies == pytest.approx([emt_energy(cu(2, seed=10)), emt_energy(cu(1, seed=11))])
     assert child_a == child_b and child_a != parent_worker
     assert is_running(parent_worker)
-    assert energy(b, cu(seed=12)) == pytest.approx(emt_energy(cu(seed=12)), abs=1e-10)
+    assert energy(b, cu(2, seed=12)) == pytest.approx(emt_energy(cu(2, seed=12)), abs=1e-10)
     assert a.worker_pid == b.worker_pid == parent_worker
 
 
@@ -368,13 +356,13 @@ def private_pool(monkeypatch):
 def test_pooled_calculators_share_one_attachment(fake_built_root, calcs, private_pool):
     a = calcs(root=fake_built_root, pool=True)
     b = calcs(root=fake_built_root, pool=True)
-    assert energy(a, cu()) == pytest.approx(emt_energy(cu()), abs=1e-10)
+    assert energy(a, cu(2)) == pytest.approx(emt_energy(cu(2)), abs=1e-10)
     assert energy(b, cu(1)) == pytest.approx(emt_energy(cu(1)), abs=1e-10)
     assert a._session is b._session  # one connection to the daemon, not two
     assert a.worker_pid == b.worker_pid is not None
     # An unpooled calculator with the same worker key spawns a worker of its own.
     c = calcs(root=fake_built_root)
-    energy(c, cu())
+    energy(c, cu(2))
     assert c.worker_pid != a.worker_pid
     a.close()
     assert b._session is not None and b._session.alive

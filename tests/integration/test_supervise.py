@@ -24,7 +24,7 @@ from rootstock.install.supervise import (
     run_supervised,
     supervisor_command,
 )
-from rootstock.runtime.lifeline import Lifeline
+from rootstock.wire.lifeline import Lifeline
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -37,6 +37,21 @@ def setup(checkpoint, device="cuda", **kw):
 
 BROKEN_FILE = 'CHECKPOINTS = {"broken-1": 1}\n'  # no PEP 723 block, no setup(): fails the lint
 
+UNRESOLVABLE = '''"""An env whose one dependency is a path that does not exist: uv fails at once."""
+
+# /// script
+# requires-python = ">=3.11"
+# dependencies = ["nothere @ file:///nonexistent/nothere"]
+# ///
+
+CHECKPOINTS = {"nothere-1": "nothere"}
+
+
+def setup(checkpoint, device="cuda", **kw):
+    """Never reached: the build fails."""
+    raise RuntimeError("unreachable")
+'''
+
 
 @dataclass
 class Site:
@@ -122,7 +137,7 @@ def test_a_converged_install_runs_no_uv_and_spawns_no_worker(
     import rootstock.install.uv
     import rootstock.runtime.session
     import rootstock.runtime.spawn
-    from rootstock.install.layout import resolve_layout
+    from rootstock.install.machine import resolve_layout
     from rootstock.ops.sources import open_source
     from rootstock.ops.sync import SyncRun, sync
     from rootstock.ops.sync_plan import SyncOptions
@@ -239,9 +254,34 @@ def test_keep_going_past_a_broken_env_file_and_a_failed_download(
     assert cells(site.root)[("gamma", "gamma-1")]["testbox"]["state"] == "not fetched"
 
 
+def test_a_failed_build_says_its_failure_once(scratch_root: Path, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "nothere.py").write_text(UNRESOLVABLE)
+    (source / "broken.py").write_text(BROKEN_FILE)
+    proc = run_rootstock(
+        "sync", source, "--root", scratch_root, "--device", "cpu", "--no-push",
+        "--no-perm-check", env={"UV_OFFLINE": "1"}, check=False, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    said = proc.stdout + proc.stderr
+    # The one-line cause once, in the summary; under the progress line only the rest.
+    headline = "uv failed while installing nothere's packages (exit code 1)"
+    assert said.count(headline) == 1, said
+    assert f"  build nothere: {headline}: error: Distribution not found" in proc.stdout
+    lint = f"{source / 'broken.py'} fails the install lint"
+    assert said.count(lint) == 1 and f"  build broken: {lint}" in proc.stdout
+    assert said.count("no top-level setup() function") == 1
+    progress = proc.stderr.splitlines()
+    failed = [line for line in progress if " FAIL build " in line]
+    assert len(failed) == 2 and all(line.endswith(" s)") for line in failed), progress
+    assert "    --- output (last lines) ---" in progress
+    assert "skip download nothere/nothere-1: the build of nothere failed" in proc.stderr
+
+
 def test_a_journal_an_interrupted_prune_left_is_finished_first(site: Site) -> None:
     converge(site)
-    from rootstock.install.layout import resolve_layout
+    from rootstock.install.machine import resolve_layout
     from rootstock.install.prune_journal import PruneJournal, write_journal
 
     layout = resolve_layout(str(site.root), None, None)

@@ -130,6 +130,20 @@ def wait_gone(pid: int, deadline_s: float = 60.0) -> None:
     raise AssertionError(f"process {pid} still alive {deadline_s} s after SIGKILL")
 
 
+def test_stage_directories_left_in_the_run_or_a_test_dir_are_found_and_removed(tmp_path):
+    run_dir = tmp_path / "run"
+    (run_dir / "tmp").mkdir(parents=True)
+    in_run = run_dir / "tmp" / f".rootstock-stage-{os.getuid()}"
+    in_test = tmp_path / "basetemp" / "popen-gw0" / "test_x0" / "stg" / ".rootstock-stage-0"
+    for stage in (in_run, in_test):
+        (stage / "emt.1-abc").mkdir(parents=True)
+    found = find_leftovers(run_dir, run_dir / "tmp", [tmp_path / "basetemp"], settle_s=0.5)
+    assert sorted(found.stages) == sorted([in_run, in_test])
+    assert any(line == f"stage directory: {in_test}" for line in found.lines())
+    remove_leftovers(found)
+    assert not in_run.exists() and not in_test.exists()
+
+
 def test_a_run_with_nothing_left_finds_nothing(tmp_path):
     (tmp_path / "tmp" / "pytest-of-me").mkdir(parents=True)
     assert not find_leftovers(tmp_path, tmp_path / "tmp", [tmp_path])

@@ -10,11 +10,13 @@ and verified on the CPU.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ENVIRONMENTS, installed_root, run_rootstock
+from tests.conftest import ENVIRONMENTS, REPO, ROOTSTOCK, installed_root, run_rootstock
 from tests.integration.checkpoint_envs import manifest_record
 
 pytestmark = pytest.mark.timeout(600)
@@ -86,3 +88,30 @@ def test_a_good_name_still_runs(verified_root):
         "--root", verified_root, timeout=300,
     )  # fmt: skip
     assert json.loads(proc.stdout)["counts"] == {"verified": 1}
+
+
+@pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+def test_an_id_a_sample_env_file_declares_names_that_file(verified_root, tmp_path, where):
+    """``add mace-mp-0-small`` where only EMT is installed names the sample env file
+    that declares the id, as a path that ``rootstock install`` takes from here."""
+    cwd = REPO if where == "checkout" else tmp_path
+    shown = "environments/mace.py" if where == "checkout" else str(ENVIRONMENTS / "mace.py")
+    manifest = verified_root / "manifest.json"
+    before = manifest.read_bytes()
+    proc = subprocess.run(
+        [*ROOTSTOCK, "add", "mace-mp-0-small", "--device", "cpu", "--root", str(verified_root)],
+        cwd=cwd,
+        env=os.environ.copy(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert (
+        f"checkpoint 'mace-mp-0-small' is declared by {shown}, which is not installed in "
+        f"{verified_root}" in proc.stderr
+    ), proc.stderr
+    assert f"rootstock install {shown}" in proc.stderr
+    assert (cwd / shown).is_file()
+    assert manifest.read_bytes() == before

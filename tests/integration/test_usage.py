@@ -10,6 +10,7 @@ account could reach anything below it.
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import json
 import os
@@ -372,6 +373,23 @@ def test_compact_killed_mid_run_keeps_totals(tmp_path: Path):
         report = json.loads(run_rootstock("usage", "report", "--json", *args).stdout)
         return {"rows": report["rows"], "totals": report["totals"]}
 
+    def rollup_inodes() -> set[tuple[str, int, int]]:
+        found = set()
+        for path in (spool / "rollups").glob("*.json"):
+            with contextlib.suppress(FileNotFoundError):
+                st = path.stat()
+                found.add((path.name, st.st_ino, st.st_mtime_ns))
+        return found
+
+    def after_a_rollup_write(proc: subprocess.Popen) -> None:
+        """Return once ``proc`` has (re)written a rollup, or has exited."""
+        before = rollup_inodes()
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if rollup_inodes() - before:
+                return
+            time.sleep(0.001)
+
     generated: list[dict] = []
     names: list[str] = []
     rng = random.Random()
@@ -380,7 +398,12 @@ def test_compact_killed_mid_run_keeps_totals(tmp_path: Path):
         if not any(spool.glob("*.json")):  # nothing left to fold: give it more work
             generated += synthetic_spool(spool, count, batch, names)
         proc = compact_cmd(args)
-        time.sleep(rng.uniform(0.4, 1.0) * full)
+        if batch % 2:
+            # Aimed at the hard case: a rollup is durable and deletions have begun.
+            # (Timed kills alone can miss it on a loaded machine.)
+            after_a_rollup_write(proc)
+        else:
+            time.sleep(rng.uniform(0.4, 1.0) * full)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
         assert totals() == expected_report(generated)

@@ -13,29 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-from ase.build import bulk
-from ase.calculators.emt import EMT
 
 import rootstock
 from rootstock import RootstockCalculator
 from rootstock.errors import WorkerError, WorkerTimeout
 from tests.integration.killing import is_running
+from tests.integration.structures import cu, emt_energy
 
 from .conftest import SAMPLE_EMT, build_fake_root
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(180)]
-
-
-def cu(seed=0):
-    atoms = bulk("Cu", "fcc", a=3.62, cubic=True) * (2, 2, 2)
-    atoms.rattle(0.05, seed=seed)
-    return atoms
-
-
-def emt_energy(atoms) -> float:
-    ref = atoms.copy()
-    ref.calc = EMT()
-    return ref.get_potential_energy()
 
 
 def wait_gone(pid: int, timeout: float = 20.0) -> bool:
@@ -48,7 +35,7 @@ def wait_gone(pid: int, timeout: float = 20.0) -> bool:
 
 
 def test_kill_9_mid_calculation_raises_worker_died_then_recovers(fake_built_root):
-    atoms = cu()
+    atoms = cu(2)
     with RootstockCalculator(root=fake_built_root, checkpoint="charge-emt", device="cpu") as calc:
         atoms.calc = calc
         atoms.get_potential_energy()
@@ -71,7 +58,7 @@ def test_kill_9_mid_calculation_raises_worker_died_then_recovers(fake_built_root
 
 
 def test_worker_died_carries_the_output_tail(fake_built_root):
-    atoms = cu()
+    atoms = cu(2)
     with RootstockCalculator(root=fake_built_root, checkpoint="noisy", device="cpu") as calc:
         atoms.calc = calc
         atoms.get_potential_energy()
@@ -83,7 +70,7 @@ def test_worker_died_carries_the_output_tail(fake_built_root):
 
 
 def test_a_worker_that_prints_megabytes_does_not_hang(fake_built_root):
-    atoms = cu()
+    atoms = cu(2)
     with RootstockCalculator(
         root=fake_built_root, checkpoint="noisy", device="cpu", timeout=60
     ) as calc:
@@ -96,7 +83,7 @@ def test_a_worker_that_prints_megabytes_does_not_hang(fake_built_root):
 def test_worker_log_can_go_to_a_file(fake_built_root, tmp_path, monkeypatch):
     log = tmp_path / "worker.log"
     monkeypatch.setenv("ROOTSTOCK_WORKER_LOG", str(log))
-    atoms = cu()
+    atoms = cu(2)
     with RootstockCalculator(root=fake_built_root, checkpoint="noisy", device="cpu") as calc:
         atoms.calc = calc
         atoms.get_potential_energy()
@@ -128,7 +115,7 @@ def test_worker_log_to_a_standard_stream(fake_built_root, target, tmp_path):
 
 
 def test_setup_error_comes_back_with_the_worker_traceback(fake_built_root):
-    atoms = cu()
+    atoms = cu(2)
     with RootstockCalculator(root=fake_built_root, checkpoint="broken-setup", device="cpu") as calc:
         atoms.calc = calc
         with pytest.raises(WorkerError) as caught:
@@ -145,7 +132,7 @@ def test_setup_error_comes_back_with_the_worker_traceback(fake_built_root):
 
 
 def test_model_error_during_a_calculation_keeps_the_worker(fake_built_root):
-    atoms = cu()
+    atoms = cu(2)
     with RootstockCalculator(root=fake_built_root, checkpoint="charge-emt", device="cpu") as calc:
         atoms.calc = calc
         atoms.get_potential_energy()
@@ -160,7 +147,7 @@ def test_model_error_during_a_calculation_keeps_the_worker(fake_built_root):
 
 
 def test_hotfix_of_env_source_is_picked_up_at_the_next_spawn(own_root):
-    atoms = cu()
+    atoms = cu(2)
     plain = emt_energy(atoms)
     with RootstockCalculator(root=own_root, checkpoint="emt", device="cpu") as calc:
         atoms.calc = calc
@@ -202,7 +189,7 @@ def test_worker_environment_and_setup_kwargs(fake_built_root, tmp_path, monkeypa
         device="cpu",
         setup_kwargs={"dump": str(dump), "answer": 42, "tags": ["a", "b"]},
     ) as calc:
-        atoms = cu()
+        atoms = cu(2)
         atoms.calc = calc
         atoms.get_potential_energy()
     report = json.loads(dump.read_text())
@@ -248,7 +235,7 @@ def test_the_worker_exits_when_the_user_process_dies(fake_built_root, tmp_path):
 
 
 def test_close_removes_the_private_socket_directory(fake_built_root):
-    atoms = cu()
+    atoms = cu(2)
     calc = RootstockCalculator(root=fake_built_root, checkpoint="emt", device="cpu")
     atoms.calc = calc
     atoms.get_potential_energy()
@@ -262,7 +249,7 @@ def test_close_removes_the_private_socket_directory(fake_built_root):
 
 
 def test_a_forked_child_gets_its_own_worker_and_leaves_the_parents_alone(fake_built_root):
-    atoms = cu()
+    atoms = cu(2)
     with RootstockCalculator(root=fake_built_root, checkpoint="emt", device="cpu") as calc:
         atoms.calc = calc
         expected = atoms.get_potential_energy()
@@ -294,7 +281,7 @@ def test_a_forked_child_gets_its_own_worker_and_leaves_the_parents_alone(fake_bu
 
 
 def test_a_stuck_calculation_times_out_and_the_next_call_recovers(fake_built_root):
-    atoms = cu()
+    atoms = cu(2)
     with RootstockCalculator(
         root=fake_built_root, checkpoint="charge-emt", device="cpu", timeout=3
     ) as calc:
@@ -316,7 +303,7 @@ def test_a_worker_that_dies_before_connecting_is_reported(tmp_path):
     python = root / "envs" / "emt" / "bin" / "python"
     python.write_text("#!/bin/sh\necho 'the env interpreter is broken' >&2\nexit 7\n")
     with RootstockCalculator(root=root, checkpoint="emt", device="cpu", timeout=30) as calc:
-        atoms = cu()
+        atoms = cu(2)
         atoms.calc = calc
         with pytest.raises(rootstock.WorkerDiedError) as caught:
             atoms.get_potential_energy()

@@ -53,6 +53,7 @@ def session(mlip_root: Path, same_threads) -> dict[str, Any]:
             "first_magmoms": first_magmoms,
             "implemented": implemented,
             "model_dtype": calc.model_dtype,
+            "model_device": calc.model_device,
             "report": report,
             "results": results,
         }
@@ -78,6 +79,8 @@ def test_chgnet_first_call_magmoms_dtype_and_consistency(session):
     assert np.isfinite(magmoms).all()
     assert "magmoms" in session["implemented"]
     assert session["model_dtype"] == "float32"
+    # Read from the torch model's parameters in the worker, not echoed from device=.
+    assert session["model_device"] == "cpu"
     report = session["report"]
     ratios = {name: check.ratio for name, check in report.checks.items()}
     print(f"chgnet-0.3.0 consistency ({report.dtype}): {ratios}")

@@ -36,6 +36,9 @@ AUDIT = REPO / "scripts" / "check_world_readable.sh"
 EMT_ENV = REPO / "environments" / "emt.py"
 
 MAINT, MEMBER, OUTSIDER, PROJECT = "rstest-maint", "rstest-member", "rstest-outsider", "rstest-proj"
+#: Where the accounts' workers stage builds (each user's 0700 directory is made in it);
+#: sticky and world-writable, like /tmp, and removed with the accounts.
+STAGES = Path(f"/srv/rootstock-test-stages-{secrets.token_hex(4)}")
 
 _TOOLS = ("setfacl", "getfacl", "setpriv", "useradd", "groupadd")
 _missing = [tool for tool in _TOOLS if not shutil.which(tool)]
@@ -71,7 +74,10 @@ def accounts() -> Iterator[None]:
             _sh("useradd", "-m", "-s", "/bin/sh", user)
         if groups:
             _sh("usermod", "-aG", groups, user)
+    STAGES.mkdir(parents=True, exist_ok=True)
+    os.chmod(STAGES, 0o1777)
     yield
+    shutil.rmtree(STAGES, ignore_errors=True)
     for user in (MAINT, MEMBER, OUTSIDER):
         _sh("userdel", "-r", user, check=False)
     _sh("groupdel", PROJECT, check=False)
@@ -87,6 +93,7 @@ def _user_env(user: str, extra: dict[str, str] | None = None) -> dict[str, str]:
         USER=user,
         LOGNAME=user,
         ROOTSTOCK_CONFIG=f"{home}/rootstock-config.toml",
+        ROOTSTOCK_STAGE_DIR=str(STAGES),
         PYTHONDONTWRITEBYTECODE="1",
     )
     env.update(extra or {})
@@ -269,7 +276,9 @@ with RootstockCalculator(checkpoint="emt", root=sys.argv[1], device="cpu", timeo
     atoms.calc = calc
     energy = atoms.get_potential_energy()
     forces = atoms.get_forces()
+    staged = calc.staged
 print(json.dumps({
+    "staged": staged,
     "energy": energy,
     "reference": reference.get_potential_energy(),
     "force_error": float(abs(forces - reference.get_forces()).max()),
@@ -285,6 +294,26 @@ def test_outsider_computes_through_rootstock_calculator(install: Path, base: Pat
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["energy"] == pytest.approx(result["reference"], abs=1e-10)
     assert result["force_error"] < 1e-10
+    # The maintainer's install packed an image (world-readable though built with umask
+    # 077), so the outsider's worker ran from a stage of its own, without root: a mount
+    # where this user may use /dev/fuse, else an extracted copy.
+    assert result["staged"] == _expected_stage(OUTSIDER)
+    outsider_stage = STAGES / f".rootstock-stage-{pwd.getpwnam(OUTSIDER).pw_uid}"
+    assert outsider_stage.stat().st_uid == pwd.getpwnam(OUTSIDER).pw_uid
+    assert stat.S_IMODE(outsider_stage.stat().st_mode) == 0o700
+    # add's verification ran as the maintainer, staged too, and says so.
+    manifest = json.loads((install / "manifest.json").read_text())
+    (record,) = manifest["envs"]["emt"]["checkpoints"]["emt"]["verifications"].values()
+    assert record["cpu"]["staged"] == _expected_stage(MAINT)
+
+
+def _expected_stage(user: str) -> str:
+    fuse = os.stat("/dev/fuse")
+    entry = pwd.getpwnam(user)
+    usable = fuse.st_mode & 0o006 == 0o006 or (
+        fuse.st_gid in os.getgrouplist(user, entry.pw_gid) and fuse.st_mode & 0o060 == 0o060
+    )
+    return "mount" if usable and shutil.which("squashfuse") else "copy"
 
 
 # Every command that only shows state, as the outsider runs it: none may need write
@@ -538,16 +567,25 @@ def test_install_warns_up_front_and_never_blocks(base: Path, client_python: str)
     root = base / "unshared"
     as_user(MAINT, "mkdir", root, umask="022")
     os.chmod(root, 0o755)  # no setgid, no ACLs: what a root without setup-perms looks like
-    rootstock_as(MAINT, client_python, "init", "--root", root, "--cluster", "testbox", "--yes")
+    # Outside $HOME and /tmp, so init --yes records it as shared, and says so.
+    init = ("init", "--root", root, "--cluster", "testbox", "--yes")
+    assert "recorded" in rootstock_as(MAINT, client_python, *init).stderr
     missing = base / "nosuchenv.py"  # a path, not a name: checked after the warning
     proc = rootstock_as(MAINT, client_python, "install", missing, "--root", root, check=False)
-    assert "warning: other users may not be able to use" in proc.stderr
-    assert "no setgid bit" in proc.stderr
-    assert f"env file {missing} does not exist" in proc.stderr  # it went on regardless
+    # One line for no-setgid, no-group-acl and no-default-acl; check-perms has the rest.
+    assert proc.stderr.splitlines()[0] == (
+        "warning: 3 permission problems make this root unusable by others; "
+        f"run rootstock check-perms {root} for details"
+    ), proc.stderr
+    assert proc.stderr.splitlines()[1] == f"error: env file {missing} does not exist"
     args = ("install", missing, "--root", root, "--no-perm-check")
     quiet = rootstock_as(MAINT, client_python, *args, check=False)
-    assert "warning: other users" not in quiet.stderr
+    assert "warning:" not in quiet.stderr
     assert quiet.returncode == proc.returncode
+    # The same root recorded private draws no warning at all.
+    rootstock_as(MAINT, client_python, *init, "--force", "--private")
+    private = rootstock_as(MAINT, client_python, "install", missing, "--root", root, check=False)
+    assert private.stderr.startswith(f"error: env file {missing} does not exist"), private.stderr
     shutil.rmtree(root)
 
 

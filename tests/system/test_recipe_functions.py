@@ -3,7 +3,7 @@
 ``ROOTSTOCK_NIGHTLY_SOURCE_ONLY=1`` makes a recipe define its functions without
 running, so the Hugging Face token lookup and the date arithmetic can be checked case
 by case here; test_slurm_nightly.py checks both again through real jobs. The token
-lookup must agree with rootstock's own (``rootstock.runtime.spawn.find_hf_token``),
+lookup must agree with rootstock's own (``rootstock.runtime.worker_env.find_hf_token``),
 which the workers use. No service is needed (no ``system`` mark).
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rootstock.runtime.spawn import find_hf_token
+from rootstock.runtime.worker_env import find_hf_token
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import struct
 
 import numpy as np
@@ -14,20 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rootstock.errors import ProtocolError
-from rootstock.runtime import batch_wire as bw
-from rootstock.runtime import protocol as p
+from rootstock.wire import batch as bw
+from rootstock.wire import framing as p
+from rootstock.worker.ipi_batch import read_message
+from tests.unit.wire_streams import stream_of
 
 pytestmark = pytest.mark.timeout(60)
-
-
-def stream_of(data: bytes) -> p.FrameStream:
-    """A stream that yields ``data`` and then EOF."""
-    reader, writer = socket.socketpair()
-    writer.sendall(data)
-    writer.close()
-    stream = p.FrameStream(reader, peer="test", slice_s=0.05)
-    stream.set_deadline(5.0)
-    return stream
 
 
 def items() -> list[bw.BatchItem]:
@@ -71,7 +62,7 @@ def test_a_batch_request_round_trips_through_read_message_exactly():
     # The JSON part is padded so the float64 blocks after it start 8-byte aligned.
     (json_len,) = struct.unpack_from("=i", body, 4)
     assert json_len % 8 == 0
-    got = p.read_message(stream_of(frame))
+    got = read_message(stream_of(frame))
     assert isinstance(got, bw.BatchRequest)
     assert got.properties == request.properties and got.allow_nonfinite is True
     assert len(got.items) == 3
@@ -258,7 +249,7 @@ def test_malformed_batch_replies_raise_protocol_errors(data, sent, match):
 def test_a_batch_body_length_over_the_cap_is_refused_before_reading():
     frame = p.BATCH + struct.pack("=i", p.MAX_PAYLOAD + 1)
     with pytest.raises(ProtocolError, match="declares"):
-        p.read_message(stream_of(frame))
+        read_message(stream_of(frame))
     with pytest.raises(ProtocolError, match="declares"):
         bw.read_batch_reply(stream_of(p.BATCHREADY + struct.pack("=i", -1)), [1])
 

@@ -46,6 +46,7 @@ def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str]:
 
 TIMEOUTS = [
     ("add", "emt", "--verify-timeout"),
+    ("add", "emt", "--download-timeout"),
     ("smoke-test", "--verify-timeout"),
     ("benchmark", "emt", "--timeout"),
     ("serve", "emt", "--socket", "s.sock", "--connect-timeout"),

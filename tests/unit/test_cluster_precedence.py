@@ -21,12 +21,8 @@ import pytest
 
 from rootstock.cli.main import main
 from rootstock.errors import UsageError
-from rootstock.install.layout import (
-    InstallLayout,
-    explain_resolution,
-    resolve_layout,
-    resolve_root,
-)
+from rootstock.install.layout import InstallLayout
+from rootstock.install.machine import explain_resolution, resolve_layout, resolve_root
 from rootstock.install.manifest import ensure_manifest
 from rootstock.ops.init import InitRequest, init_root
 from rootstock.runtime.calculator import RootstockCalculator

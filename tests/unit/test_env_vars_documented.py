@@ -15,7 +15,7 @@ The code is read with ``ast``, never imported. What counts as a *read*:
 
 ``K`` is a string literal, a module-level string constant (``ROOT_ENV =
 "ROOTSTOCK_ROOT"``), a constant imported from another module under ``src/`` (``from
-rootstock.runtime.lifeline import LIFELINE_ENV``, followed through re-exports), or
+rootstock.wire.lifeline import LIFELINE_ENV``, followed through re-exports), or
 ``module.CONST``. A key that resolves to no string fails the test: the scan would
 otherwise miss that variable without a word.
 

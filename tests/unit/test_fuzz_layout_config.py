@@ -29,7 +29,8 @@ from hypothesis import strategies as st
 from rootstock.errors import RootstockError
 from rootstock.install.clusters import load_registry
 from rootstock.install.config import load_config
-from rootstock.install.layout import read_layout, resolve_cache_root
+from rootstock.install.layout import read_layout
+from rootstock.install.machine import resolve_cache_root
 from rootstock.names import StoredNameWarning, is_cluster_name
 
 pytestmark = pytest.mark.timeout(120)

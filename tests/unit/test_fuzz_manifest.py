@@ -33,7 +33,7 @@ from rootstock.install.manifest import (
     update_manifest,
 )
 from rootstock.names import StoredNameWarning
-from tests.unit.test_manifest_validation import FP, V2
+from tests.unit.test_manifest_validation import FP, V3
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,7 +67,7 @@ def paths(value: Any, prefix: tuple = ()) -> list[tuple]:
     return found
 
 
-V2_PATHS = paths(V2)
+V3_PATHS = paths(V3)
 PASS = {"passed": True, "device": "cpu", "fingerprint": FP}
 
 
@@ -135,10 +135,10 @@ def test_arbitrary_json_values(value: Any) -> None:
 
 
 @FUZZ
-@given(st.sampled_from(V2_PATHS), json_values | st.just(KeyError), st.booleans())
+@given(st.sampled_from(V3_PATHS), json_values | st.just(KeyError), st.booleans())
 def test_a_valid_manifest_with_one_part_replaced(path: tuple, value: Any, as_v1: bool) -> None:
-    data = copy.deepcopy(V2)
-    if as_v1:  # the same shape, read through the v1 -> v2 migration
+    data = copy.deepcopy(V3)
+    if as_v1:  # the same shape, read through the migrations from v1
         data["schema_version"] = 1
     parent = data
     for key in path[:-1]:
@@ -151,9 +151,9 @@ def test_a_valid_manifest_with_one_part_replaced(path: tuple, value: Any, as_v1:
 
 
 @FUZZ
-@given(st.sampled_from(V2_PATHS), st.integers(min_value=60, max_value=2000))
+@given(st.sampled_from(V3_PATHS), st.integers(min_value=60, max_value=2000))
 def test_a_deep_subtree_anywhere(path: tuple, depth: int) -> None:
-    data = copy.deepcopy(V2)
+    data = copy.deepcopy(V3)
     parent = data
     for key in path[:-1]:
         parent = parent[key]

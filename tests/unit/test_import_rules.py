@@ -30,11 +30,17 @@ DOC = REPO / "docs" / "architecture.md"
 
 ROOT = "rootstock"
 #: Beside the layers; every layer may import them (the doc, under the table).
-SHARED = {ROOT, "rootstock.errors", "rootstock.names"}
+SHARED = {ROOT, "rootstock.errors", "rootstock.names", "rootstock.version"}
 #: What the shared modules themselves may import from rootstock.
-SHARED_RULES = {"rootstock.errors": set(), "rootstock.names": {"rootstock.errors"}}
+SHARED_RULES = {
+    "rootstock.errors": set(),
+    "rootstock.names": {"rootstock.errors"},
+    "rootstock.version": set(),
+}
+#: The bottom layer, frozen into every built env: every layer may import it.
+BOTTOM = "wire"
 #: What the package root imports when it loads (the rest only on first access).
-ROOT_AT_LOAD = {"rootstock.errors"}
+ROOT_AT_LOAD = {"rootstock.errors", "rootstock.version"}
 #: Outside the standard library, what a built env is sure to hold.
 ENV_PACKAGES = {"numpy", "ase"}
 UV_MODULE = "rootstock.install.uv"
@@ -214,7 +220,7 @@ def layer_violations(found: dict[str, list[Import]], rules: dict[str, list[str]]
         for imp in imports:
             if imp.target.split(".")[0] != ROOT:
                 continue
-            if layer_of(imp.target) == layer or imp.target in SHARED:
+            if layer_of(imp.target) in (layer, BOTTOM) or imp.target in SHARED:
                 continue
             if layer not in rules:
                 problems.append(f"{imp.where()}: {layer}/ has no row in the layer table")
@@ -222,7 +228,8 @@ def layer_violations(found: dict[str, list[Import]], rules: dict[str, list[str]]
                 names = ", ".join(rules[layer]) or "nothing else"
                 problems.append(
                     f"{imp.where()}: the rule for {layer}/ in docs/architecture.md allows, "
-                    f"besides {layer}/ itself and the shared errors and names, only: {names}"
+                    f"besides {layer}/ itself, wire/ and the shared errors, names and "
+                    f"version, only: {names}"
                 )
     return problems
 
@@ -279,7 +286,11 @@ def test_the_doc_table_has_a_row_for_every_layer():
     layers = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert set(rules) == layers, "docs/architecture.md's layer table and src/rootstock differ"
     assert rules["dashboard"] == ["rootstock.install.manifest"]
-    assert "rootstock.runtime.protocol" in rules["worker"]
+    # The worker and install reach the frozen contract, and only it, below every layer.
+    assert set(rules["worker"]) <= {"rootstock.wire"} and set(rules["install"]) <= {
+        "rootstock.wire"
+    }
+    assert rules["wire"] == []
 
 
 # --- the rules ----------------------------------------------------------------------------
@@ -290,7 +301,7 @@ def test_every_import_follows_the_layer_table(found):
     assert not problems, "imports that break docs/architecture.md:\n" + "\n".join(problems)
 
 
-def test_errors_and_names_sit_below_every_layer(found):
+def test_errors_names_and_version_sit_below_every_layer(found):
     problems = [
         f"{imp.where()}: {module} may import only {sorted(rule) or 'nothing'} from rootstock"
         for module, rule in SHARED_RULES.items()
@@ -300,14 +311,27 @@ def test_errors_and_names_sit_below_every_layer(found):
     assert not problems, "\n".join(problems)
 
 
-def test_the_package_root_loads_only_errors(found):
+def test_the_package_root_loads_only_errors_and_version(found):
     problems = [
-        f"{imp.where()}: rootstock/__init__.py must load only errors "
+        f"{imp.where()}: rootstock/__init__.py must load only errors and version "
         "(anything else on first access), so --help and the worker stay light"
         for imp in found[ROOT]
         if imp.target.split(".")[0] == ROOT
         and not (imp.lazy or imp.type_only)
         and imp.target not in ROOT_AT_LOAD
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_no_module_imports_the_package_root(found):
+    # The root loads the calculator on first access: a module that imported it would
+    # be tied into a cycle with the runtime (take __version__ from rootstock.version).
+    problems = [
+        f"{imp.where()}: import what you need from its own module, not the package root"
+        for module, imports in found.items()
+        if module != ROOT
+        for imp in imports
+        if imp.target == ROOT
     ]
     assert not problems, "\n".join(problems)
 
@@ -356,7 +380,188 @@ def test_the_worker_needs_only_stdlib_numpy_and_ase(found):
                     chain[reached] = module
                     todo.append(reached)
     assert not problems, "\n".join(problems)
-    assert "rootstock.runtime.protocol" in chain  # the walk did follow the worker's imports
+    assert "rootstock.wire.framing" in chain  # the walk did follow the worker's imports
+
+
+def test_the_wire_needs_only_stdlib_and_numpy(found):
+    # What every built env holds, old ones included: nothing of ase, nothing of a layer.
+    wire = [m for m in found if layer_of(m) == BOTTOM]
+    assert "rootstock.wire.framing" in wire
+    problems = [
+        f"{imp.where()}: wire/ is frozen into every env; it may import only the standard "
+        "library, numpy and rootstock.errors"
+        for module in wire
+        for imp in found[module]
+        if (
+            not imp.type_only
+            and (
+                layer_of(imp.target) not in (None, BOTTOM)
+                if imp.target.split(".")[0] == ROOT
+                else imp.target.split(".")[0] not in sys.stdlib_module_names | {"numpy"}
+            )
+        )
+        or imp.target in (ROOT, "rootstock.names", "rootstock.version")
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def import_graph(found: dict[str, list[Import]]) -> dict[str, set[str]]:
+    """Module -> the rootstock modules it imports (lazily too; not for type checking)."""
+    return {
+        module: {
+            imp.target
+            for imp in imports
+            if not imp.type_only and imp.target in found and imp.target != module
+        }
+        for module, imports in found.items()
+    }
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that reach each other by imports (Tarjan's SCCs of size > 1)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_the_cycle_finder_finds_a_cycle_through_a_lazy_import():
+    imports = {
+        "rootstock.a": imports_of("rootstock.a", "import rootstock.b\n", {"rootstock.b"}),
+        "rootstock.b": imports_of(
+            "rootstock.b", "def f():\n    from rootstock import a\n", {"rootstock.a"}
+        ),
+        "rootstock.c": imports_of("rootstock.c", "import rootstock.a\n", {"rootstock.a"}),
+    }
+    assert import_cycles(import_graph(imports)) == [["rootstock.a", "rootstock.b"]]
+
+
+def test_no_module_imports_itself_back(found):
+    # Function-level imports count: one that breaks a cycle only at load time still
+    # ties the modules together for a reader and for every later change.
+    cycles = import_cycles(import_graph(found))
+    assert not cycles, "modules that import each other (directly or around a loop):\n" + (
+        "\n".join(" <-> ".join(group) for group in cycles)
+    )
+
+
+# --- runtime/ has one face -----------------------------------------------------------
+
+RUNTIME = "rootstock.runtime"
+#: The only modules that call ``Popen`` themselves, and why each may.
+POPEN_MODULES = {
+    # Every process that runs a model or rootstock's worker-side code: the worker,
+    # the benchmark's in-env probe, the pool daemon (start_process).
+    "rootstock.runtime.spawn": "the one start of what runs a model",
+    # The build supervisor runs uv and the build's probes (install/ cannot reach runtime/).
+    "rootstock.install.supervise": "the build's commands",
+    # The squashfuse keeper and squashfuse itself: a mount, no model.
+    "rootstock.runtime.stage": "the stage's mount keeper",
+    "rootstock.runtime.stage_keeper": "squashfuse",
+}
+
+
+def private_runtime_imports(found: dict[str, list[Import]]) -> list[str]:
+    """Imports, outside runtime/, of a runtime module other than the package's face."""
+    return [
+        f"{imp.where()}: import it from {RUNTIME} (its __init__ exports what other "
+        "layers may use; add the name there if it is missing)"
+        for module, imports in found.items()
+        if layer_of(module) != "runtime"
+        for imp in imports
+        if imp.target.startswith(RUNTIME + ".")
+    ]
+
+
+def test_the_runtime_check_catches_a_private_import_even_for_type_checking():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from rootstock.runtime import spawn_worker\n"
+        "if TYPE_CHECKING:\n"
+        "    from rootstock.runtime.spec import WorkerSpec\n"
+        "def later():\n"
+        "    from rootstock.runtime import shared\n"
+    )
+    known = {RUNTIME, "rootstock.runtime.spec", "rootstock.runtime.shared"}
+    imports = {"rootstock.ops.x": imports_of("rootstock.ops.x", source, known)}
+    problems = private_runtime_imports(imports)
+    assert len(problems) == 2, problems
+    assert "imports rootstock.runtime.spec (TYPE_CHECKING)" in problems[0]
+    assert "imports rootstock.runtime.shared (in a function)" in problems[1]
+    # Inside runtime/ its modules import each other freely.
+    inside = {"rootstock.runtime.y": imports_of("rootstock.runtime.y", source, known)}
+    assert private_runtime_imports(inside) == []
+
+
+def test_nothing_outside_runtime_imports_its_private_modules(found):
+    # TYPE_CHECKING imports count too: the face re-exports every type it names.
+    problems = private_runtime_imports(found)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_runtime_face_names_each_export_once_for_mypy_and_at_runtime():
+    import rootstock.runtime as face
+
+    # Every exported name is imported under TYPE_CHECKING from the module that
+    # __getattr__ loads it from, so mypy and the running code agree.
+    tree = ast.parse(module_path(RUNTIME).read_text())
+    typed: dict[str, tuple[str, str]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for stmt in node.body:
+                assert isinstance(stmt, ast.ImportFrom) and stmt.module
+                for alias in stmt.names:
+                    module = stmt.module.removeprefix(RUNTIME + ".")
+                    typed[alias.asname or alias.name] = (module, alias.name)
+    assert typed == face._FACE
+    assert sorted(face.__all__) == sorted(face._FACE)
+    for name in face.__all__:
+        assert getattr(face, name) is not None, name
+    with pytest.raises(AttributeError):
+        _ = face.no_such_name
+
+
+def test_only_the_chokepoints_call_popen():
+    problems = []
+    for module, path in all_modules().items():
+        calls = [
+            node.lineno
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and _called_name(node) == "Popen"
+        ]
+        if calls and module not in POPEN_MODULES:
+            problems.append(
+                f"{path.relative_to(REPO)}:{calls[0]}: {module} calls Popen; a process that "
+                "runs a model or the worker starts in runtime/spawn.py (start_process)"
+            )
+    assert not problems, "\n".join(problems)
 
 
 def _called_name(call: ast.Call) -> str | None:

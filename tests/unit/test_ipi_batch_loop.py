@@ -26,8 +26,8 @@ from ase.build import bulk
 from ase.calculators.emt import EMT
 
 from rootstock.errors import ProtocolError
-from rootstock.runtime import batch_wire as bw
-from rootstock.runtime import protocol as p
+from rootstock.wire import batch as bw
+from rootstock.wire import framing as p
 from rootstock.worker.ipi_batch import init_batch_size
 from rootstock.worker.loop import EXIT_MODEL_ERROR, EXIT_OK, CapturedError, ServeLoop
 from rootstock.worker.model import ModelRunner

@@ -9,19 +9,19 @@ import pytest
 
 from rootstock.errors import ConfigError, LayoutError, RootNotFound, UsageError
 from rootstock.install.clusters import (
-    BUILTIN_CLUSTERS,
+    BUILTIN_CLUSTERS_FILE,
+    builtin_clusters,
     clusters_for_root,
     get_cluster,
     load_registry,
+    read_registry_file,
 )
-from rootstock.install.layout import (
-    LAYOUT_VERSION,
+from rootstock.install.layout import LAYOUT_VERSION, read_layout, write_layout
+from rootstock.install.machine import (
     explain_resolution,
-    read_layout,
     resolve_cache_root,
     resolve_layout,
     resolve_root,
-    write_layout,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -60,7 +60,7 @@ def test_root_flag_beats_everything(tmp_path, monkeypatch, clean_env):
 def test_cluster_beats_env_and_config(tmp_path, monkeypatch, clean_env):
     monkeypatch.setenv("ROOTSTOCK_ROOT", str(tmp_path / "from-env"))
     write_config(clean_env, tmp_path / "from-config")
-    assert resolve_root(None, cluster="della") == BUILTIN_CLUSTERS["della"].root
+    assert resolve_root(None, cluster="della") == builtin_clusters()["della"].root
 
 
 def test_env_beats_config(tmp_path, monkeypatch, clean_env):
@@ -75,8 +75,8 @@ def test_config_supplies_root_without_cluster(tmp_path, clean_env):
 
 
 def test_cluster_supplies_its_registry_root():
-    assert resolve_root(None, cluster="della") == BUILTIN_CLUSTERS["della"].root
-    assert resolve_root(None, cluster="DELLA") == BUILTIN_CLUSTERS["della"].root
+    assert resolve_root(None, cluster="della") == builtin_clusters()["della"].root
+    assert resolve_root(None, cluster="DELLA") == builtin_clusters()["della"].root
 
 
 def test_root_and_cluster_together_use_root(tmp_path):
@@ -108,8 +108,11 @@ def test_relative_and_user_roots_become_absolute(tmp_path, monkeypatch):
 def test_no_root_at_all_says_how_to_give_one():
     with pytest.raises(RootNotFound) as info:
         resolve_root()
-    assert "--root" in info.value.hint
-    assert "ROOTSTOCK_ROOT" in info.value.hint
+    # In Python terms for a script, in options for the CLI (which shows cli_hint).
+    hint, cli_hint = info.value.hint or "", info.value.cli_hint or ""
+    assert "root=PATH" in hint and "--root" not in hint
+    assert "--root PATH" in cli_hint
+    assert "ROOTSTOCK_ROOT" in hint and "ROOTSTOCK_ROOT" in cli_hint
 
 
 def test_missing_root_is_refused_when_it_must_exist(tmp_path):
@@ -176,9 +179,15 @@ def test_legacy_root_takes_registry_cache_root(tmp_path, monkeypatch):
     assert info["layout_version"] is None
 
 
-def test_registry_cache_root_of_another_root_is_ignored(tmp_path):
-    # perlmutter's legacy cache root belongs to perlmutter's root, not to this one.
-    assert resolve_cache_root(tmp_path, cluster="perlmutter") == tmp_path
+def test_registry_cache_root_of_another_root_is_ignored(tmp_path, monkeypatch):
+    # elsewhere's legacy cache root belongs to elsewhere's root, not to this one.
+    write_clusters(
+        tmp_path,
+        monkeypatch,
+        f'[clusters.elsewhere]\nroot = "{tmp_path / "other"}"\n'
+        f'cache_root = "{tmp_path / "scratch"}"\n',
+    )
+    assert resolve_cache_root(tmp_path, cluster="elsewhere") == tmp_path
 
 
 def test_root_itself_is_the_last_resort(tmp_path):
@@ -250,7 +259,7 @@ def test_explain_reports_override_and_declaration(tmp_path):
 
 
 def test_builtin_clusters():
-    assert set(BUILTIN_CLUSTERS) == {
+    assert set(builtin_clusters()) == {
         "della",
         "delta",
         "sophia",
@@ -258,18 +267,25 @@ def test_builtin_clusters():
         "perlmutter",
         "aurora",
     }
-    assert BUILTIN_CLUSTERS["perlmutter"].cache_root is not None
-    assert BUILTIN_CLUSTERS["sophia"].root == BUILTIN_CLUSTERS["polaris"].root
+    # No entry carries one person's scratch directory as a legacy cache root.
+    assert all(c.cache_root is None for c in builtin_clusters().values())
+    assert builtin_clusters()["sophia"].root == builtin_clusters()["polaris"].root
+
+
+def test_builtin_clusters_ship_as_a_data_file():
+    # The same file form a site's $ROOTSTOCK_CLUSTERS_FILE uses, so a site can replace it.
+    assert BUILTIN_CLUSTERS_FILE.name == "clusters.toml"
+    assert read_registry_file(BUILTIN_CLUSTERS_FILE) == builtin_clusters()
 
 
 def test_siblings_share_a_root():
-    shared = BUILTIN_CLUSTERS["sophia"].root
+    shared = builtin_clusters()["sophia"].root
     assert sorted(c.name for c in clusters_for_root(shared)) == ["polaris", "sophia"]
     assert sorted(explain_resolution(None, cluster="polaris")["siblings"]) == [
         "polaris",
         "sophia",
     ]
-    assert [c.name for c in clusters_for_root(BUILTIN_CLUSTERS["della"].root)] == ["della"]
+    assert [c.name for c in clusters_for_root(builtin_clusters()["della"].root)] == ["della"]
 
 
 def test_site_file_extends_and_overrides(tmp_path, monkeypatch):

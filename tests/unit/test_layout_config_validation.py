@@ -25,13 +25,8 @@ from rootstock.cli.main import main
 from rootstock.errors import ConfigError, LayoutError, UsageError
 from rootstock.install.clusters import load_registry
 from rootstock.install.config import load_config, save_config
-from rootstock.install.layout import (
-    read_layout,
-    resolve_cache_root,
-    resolve_layout,
-    resolve_root,
-    write_layout,
-)
+from rootstock.install.layout import read_layout, write_layout
+from rootstock.install.machine import resolve_cache_root, resolve_layout, resolve_root
 from rootstock.names import StoredNameWarning
 from rootstock.ops.init import InitRequest, init_root
 from rootstock.runtime.calculator import RootstockCalculator

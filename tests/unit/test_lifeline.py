@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from rootstock.runtime import lifeline as lifeline_module
-from rootstock.runtime.lifeline import LIFELINE_OPTION, Lifeline, watch_lifeline
+from rootstock.wire import lifeline as lifeline_module
+from rootstock.wire.lifeline import LIFELINE_OPTION, Lifeline, watch_lifeline
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -84,7 +84,7 @@ def test_lifelines_closed_before_a_fork_are_not_touched_in_the_child():
 
 
 def test_script_command_runs_this_file_by_path():
-    from rootstock.runtime.lifeline import script_command
+    from rootstock.wire.lifeline import script_command
 
     argv = script_command("/env/bin/python", 7, "/x/probe.py", ["a", "b"])
     assert argv[:2] == ["/env/bin/python", "-I"]

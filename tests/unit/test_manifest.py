@@ -13,6 +13,7 @@ import pytest
 from rootstock.errors import LockTimeout, ManifestError, UsageError
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
+from rootstock.install.machine import resolve_cluster, served_clusters
 from rootstock.install.manifest import (
     MANIFEST_VERSION,
     ensure_manifest,
@@ -20,13 +21,11 @@ from rootstock.install.manifest import (
     load_manifest,
     manifest_lock_path,
     migrations,
+    parse,
     parse_manifest,
     record_env_build,
     record_fetch,
     record_verification,
-    resolve_cluster,
-    schema,
-    served_clusters,
     update_manifest,
 )
 
@@ -182,7 +181,7 @@ def test_migrations_chain_through_every_registered_step(
     def v1_to_v2(data: dict) -> dict:
         return {**data, "schema_version": 2, "added_in_v2": True}
 
-    monkeypatch.setattr(schema, "MANIFEST_VERSION", 2)
+    monkeypatch.setattr(parse, "MANIFEST_VERSION", 2)  # the version parsing migrates to
     monkeypatch.setitem(migrations.MIGRATIONS, 1, v1_to_v2)
     data = parse_manifest(json.dumps(V0))
     assert data["schema_version"] == 2 and data["added_in_v2"] is True

@@ -20,6 +20,7 @@ from rootstock.errors import ManifestError
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import (
     ENV_BUILD_FIELDS,
+    MANIFEST_VERSION,
     parse_manifest,
     record_env_build,
     record_fetch,
@@ -52,6 +53,7 @@ QUANTITY = {
     "message": None,
 }
 REFERENCE = {"fingerprint": FINGERPRINT, "at": T0, "build": BUILD, "kwargs": {}}
+IMAGE = {"file": ".rootstock-image.sqfs", "sha256": "ab" * 32, "size": 4096, "compression": "lz4"}
 
 
 def full_manifest() -> dict[str, Any]:
@@ -61,6 +63,7 @@ def full_manifest() -> dict[str, Any]:
         "at": T0,
         "device": "cuda:0",
         "device_kind": "gpu",
+        "staged": "mount",
         "message": None,
         "kwargs": {},
         "fingerprint": FINGERPRINT,
@@ -89,6 +92,7 @@ def full_manifest() -> dict[str, Any]:
         "python_path": "/opt/python3.11",
         "torch": "2.4.0",
         "rootstock": "0.1.0",
+        "image": IMAGE,
         "checkpoints": {
             "m": {
                 "fetched_at": T0,
@@ -99,7 +103,7 @@ def full_manifest() -> dict[str, Any]:
     }
     return copy.deepcopy(
         {
-            "schema_version": 2,
+            "schema_version": 3,
             "clusters": ["alpha"],
             "created_at": T0,
             "updated_at": T0,
@@ -117,6 +121,7 @@ def _record(data: dict[str, Any]) -> dict[str, Any]:
 PLACES = {
     types.Manifest: lambda d: d,
     types.EnvRecord: lambda d: d["envs"]["mace"],
+    types.ImageRecord: lambda d: d["envs"]["mace"]["image"],
     types.CheckpointRecord: lambda d: d["envs"]["mace"]["checkpoints"]["m"],
     types.Verification: _record,
     types.Reference: lambda d: _record(d)["reference"],
@@ -155,7 +160,7 @@ def test_required_keys_are_the_ones_the_reader_refuses_to_miss(record):
         if (record, key) == (types.Manifest, "schema_version"):
             # Absent means the unversioned draft (version 0): migrated, and the
             # manifest read back has it again.
-            assert parse_manifest(json.dumps(data))["schema_version"] == 2
+            assert parse_manifest(json.dumps(data))["schema_version"] == MANIFEST_VERSION
             continue
         required = key in record.__required_keys__
         assert _parses(data) is not required, f"{record.__name__}.{key}"
@@ -167,6 +172,7 @@ def test_the_field_lists_name_the_declared_keys():
     walked = {
         types.Manifest: validate._TOP_KEYS,
         types.EnvRecord: validate._ENV_KEYS,
+        types.ImageRecord: validate._IMAGE_KEYS,
         types.CheckpointRecord: validate._CHECKPOINT_KEYS,
         types.Verification: validate._RECORD_KEYS,
         types.Reference: validate._REFERENCE_KEYS,

@@ -20,6 +20,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "manifest.md"
 SECTIONS: dict[str, type] = {
     "Top level": types.Manifest,
     "`envs[<env>]`": types.EnvRecord,
+    "An env image": types.ImageRecord,
     "`envs[<env>].checkpoints[<id>]`": types.CheckpointRecord,
     "A verification record": types.Verification,
     "A fingerprint": types.Fingerprint,

@@ -19,13 +19,13 @@ import pytest
 from rootstock.cli.main import main
 from rootstock.errors import ManifestError, RootstockError, UnstorableValue, UsageError
 from rootstock.install.layout import InstallLayout, write_layout
+from rootstock.install.machine import resolve_cluster
 from rootstock.install.manifest import (
     ensure_manifest,
     load_manifest,
     parse_manifest,
     record_fetch,
     record_verification,
-    resolve_cluster,
     update_manifest,
 )
 from rootstock.install.manifest.store import serialize_manifest
@@ -71,8 +71,8 @@ RECORD = {
     "checks": CHECKS,
     "build": BUILD,
 }
-V2: dict[str, Any] = {
-    "schema_version": 2,
+V3: dict[str, Any] = {
+    "schema_version": 3,
     "clusters": ["alpha", "beta"],
     "created_at": T0,
     "updated_at": T1,
@@ -84,6 +84,12 @@ V2: dict[str, Any] = {
             "python_path": "/opt/python3.11",
             "torch": None,
             "rootstock": "0.1.0",
+            "image": {
+                "file": ".rootstock-image.sqfs",
+                "sha256": "3f" * 32,
+                "size": 2147483648,
+                "compression": "zstd-3",
+            },
             "checkpoints": {
                 "emt-a": {
                     "fetched_at": T0,
@@ -115,8 +121,8 @@ CK_PATH = 'envs["emt"].checkpoints["emt-a"]'
 
 
 def with_value(path: tuple[str, ...], value: Any, base: dict | None = None) -> bytes:
-    """``base`` (default V2) with the value at ``path`` replaced, as file bytes."""
-    data = copy.deepcopy(base if base is not None else V2)
+    """``base`` (default V3) with the value at ``path`` replaced, as file bytes."""
+    data = copy.deepcopy(base if base is not None else V3)
     target = data
     for key in path[:-1]:
         target = target[key]
@@ -128,7 +134,7 @@ def nested(depth: int, kind: str) -> str:
     return "[" * depth + "]" * depth if kind == "array" else '{"a":' * depth + "1" + "}" * depth
 
 
-GOOD_TEXT = json.dumps(V2)
+GOOD_TEXT = json.dumps(V3)
 ENERGY = '"energy_per_atom": -3.91274'
 
 # id -> (file bytes, the JSON path the message names, or None where there is none)
@@ -154,7 +160,7 @@ CORRUPT: dict[str, tuple[bytes, str | None]] = {
     "state 5": (with_value((*REC, "state"), 5), f"{REC_PATH}.state"),
     "state bogus": (with_value((*REC, "state"), "bogus"), f"{REC_PATH}.state"),
     "state missing": (
-        json.dumps(V2).replace('"state": "verified", ', "", 1).encode(),
+        json.dumps(V3).replace('"state": "verified", ', "", 1).encode(),
         f"{REC_PATH}.state",
     ),
     "at yesterday": (with_value((*REC, "at"), "yesterday"), f"{REC_PATH}.at"),
@@ -412,15 +418,15 @@ V0 = {
 }
 
 
-def test_real_looking_v2_loads_as_written(layout: InstallLayout) -> None:
+def test_real_looking_v3_loads_as_written(layout: InstallLayout) -> None:
     layout.manifest_file.write_text(GOOD_TEXT)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no stored-name warning for good names
-        assert load_manifest(layout) == V2
+        assert load_manifest(layout) == V3
     before = layout.manifest_file.read_bytes()
     record_fetch(layout, "emt", "emt-b", at=T1)
     after = load_manifest(layout)
-    assert after["envs"]["emt"]["checkpoints"]["emt-a"] == V2["envs"]["emt"]["checkpoints"]["emt-a"]
+    assert after["envs"]["emt"]["checkpoints"]["emt-a"] == V3["envs"]["emt"]["checkpoints"]["emt-a"]
     assert before != layout.manifest_file.read_bytes()
 
 
@@ -436,7 +442,7 @@ def test_v1_and_v0_files_still_load(layout: InstallLayout) -> None:
 
 
 def test_unknown_keys_are_tolerated_at_every_level(layout: InstallLayout) -> None:
-    data = copy.deepcopy(V2)
+    data = copy.deepcopy(V3)
     data["future"] = {"nested": [1, 2.5, None, "x"]}
     env = data["envs"]["emt"]
     env["future"] = 1
@@ -518,7 +524,7 @@ def test_no_write_ever_stores_nan_or_a_bad_field(layout: InstallLayout) -> None:
 
 
 def stored_bad_names() -> dict[str, Any]:
-    data = copy.deepcopy(V2)
+    data = copy.deepcopy(V3)
     data["clusters"] = ["alpha", "bad name!"]
     verifications = data["envs"]["emt"]["checkpoints"]["emt-a"]["verifications"]
     verifications["bad name!"] = {"tpu": {**RECORD, "device": "../../etc", "device_kind": "tpu"}}

@@ -24,7 +24,7 @@ from rootstock.errors import (
 from rootstock.parallel import dask_engine, dask_slurm_client, parsl_slurm_config
 from rootstock.parallel.dispatch import Collector, check_executor, engine_kind
 from rootstock.parallel.warm import ChunkTask, WarmCache
-from rootstock.runtime.worker_key import visible_devices
+from rootstock.runtime.worker_keys import visible_devices
 
 pytestmark = pytest.mark.timeout(30)
 

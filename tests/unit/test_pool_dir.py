@@ -10,7 +10,7 @@ import pytest
 
 from rootstock.errors import ProtocolError, RootstockError, UsageError
 from rootstock.ops.workers import PooledWorker, select_workers
-from rootstock.runtime.pool_dir import (
+from rootstock.runtime.pool.directory import (
     POOL_DIR_NAME,
     PoolFiles,
     check_private_dir,
@@ -20,14 +20,14 @@ from rootstock.runtime.pool_dir import (
     read_states,
     write_json_atomic,
 )
-from rootstock.runtime.pool_relay import (
+from rootstock.runtime.pool.relay import (
     BATCH,
     BATCHREADY,
     ReplyBound,
     read_client_frame,
     read_worker_reply,
 )
-from rootstock.runtime.protocol import (
+from rootstock.wire.framing import (
     GETFORCE,
     FrameStream,
     encode_error,

@@ -21,7 +21,7 @@ import pytest
 from rootstock.errors import RootstockError
 from rootstock.install.parsing import NotRegularFile, open_regular_file
 from rootstock.ops.workers import list_workers
-from rootstock.runtime.pool_dir import (
+from rootstock.runtime.pool.directory import (
     STATE_SCHEMA,
     PoolFiles,
     ensure_pool_dir,
@@ -30,7 +30,8 @@ from rootstock.runtime.pool_dir import (
     write_json_atomic,
 )
 from rootstock.runtime.server import OWNER_FILE, sweep_dead_run_dirs
-from rootstock.runtime.spawn import WorkerProcess, find_hf_token
+from rootstock.runtime.spawn import WorkerProcess
+from rootstock.runtime.worker_env import find_hf_token
 
 pytestmark = pytest.mark.timeout(30)
 

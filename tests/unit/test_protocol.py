@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rootstock.errors import ProtocolError
-from rootstock.runtime import protocol as p
+from rootstock.wire import framing as p
+from rootstock.worker.ipi_batch import read_message
+from tests.unit.wire_streams import stream_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,16 +27,6 @@ def pair():
     yield a, b
     a.close()
     b.close()
-
-
-def stream_of(data: bytes, timeout: float = 5.0) -> p.FrameStream:
-    """A stream that yields ``data`` and then EOF."""
-    reader, writer = socket.socketpair()
-    writer.sendall(data)
-    writer.close()
-    stream = p.FrameStream(reader, peer="test", slice_s=0.05)
-    stream.set_deadline(timeout)
-    return stream
 
 
 def test_units_are_ase_units():
@@ -69,7 +61,7 @@ def test_posdata_round_trip_matches_ase_layout():
     # ASE's SocketIOCalculator writes h = cell.T in bohr; check the raw layout.
     h = np.frombuffer(data, np.float64, 9, 12).reshape(3, 3)
     assert np.allclose(h, cell.T / p.BOHR)
-    message = p.read_message(stream_of(data))
+    message = read_message(stream_of(data))
     assert isinstance(message, p.PosData)
     np.testing.assert_allclose(message.cell, cell, rtol=1e-15)
     np.testing.assert_allclose(message.positions, positions, rtol=1e-14)
@@ -126,15 +118,15 @@ def test_forceready_with_wrong_atom_count_is_a_protocol_error():
 
 
 def test_init_dialect_and_standard_payloads():
-    message = p.read_message(stream_of(p.encode_init({"numbers": [1, 8], "pbc": [0, 0, 0]})))
+    message = read_message(stream_of(p.encode_init({"numbers": [1, 8], "pbc": [0, 0, 0]})))
     assert isinstance(message, p.Init)
     config = message.dialect_config()
     assert config == {"rootstock": p.DIALECT_VERSION, "numbers": [1, 8], "pbc": [0, 0, 0]}
     # ASE sends one zero byte, i-PI its parameter string: both are standard inits.
-    assert p.read_message(stream_of(p.encode_init(b"\x00"))).dialect_config() is None
-    assert p.read_message(stream_of(p.encode_init(b"{}"))).dialect_config() is None
+    assert read_message(stream_of(p.encode_init(b"\x00"))).dialect_config() is None
+    assert read_message(stream_of(p.encode_init(b"{}"))).dialect_config() is None
     with pytest.raises(ProtocolError, match="JSON"):
-        p.read_message(stream_of(p.encode_init(b"{not json"))).dialect_config()
+        read_message(stream_of(p.encode_init(b"{not json"))).dialect_config()
 
 
 def test_error_frame_round_trip():
@@ -155,11 +147,11 @@ def test_consolidated_frames_are_read_in_order():
         (p.encode_init({"numbers": [1]}), p.encode_posdata(np.eye(3), np.zeros((1, 3))), p.GETFORCE)
     )
     stream = stream_of(data)
-    assert isinstance(p.read_message(stream), p.Init)
-    assert isinstance(p.read_message(stream), p.PosData)
-    assert p.read_message(stream) == "GETFORCE"
+    assert isinstance(read_message(stream), p.Init)
+    assert isinstance(read_message(stream), p.PosData)
+    assert read_message(stream) == "GETFORCE"
     with pytest.raises(p.PeerClosed):
-        p.read_message(stream)
+        read_message(stream)
 
 
 @pytest.mark.parametrize(
@@ -177,7 +169,7 @@ def test_consolidated_frames_are_read_in_order():
 )
 def test_bad_frames_raise_protocol_errors(data, match):
     with pytest.raises(ProtocolError, match=match):
-        p.read_message(stream_of(data))
+        read_message(stream_of(data))
 
 
 def test_a_silent_peer_times_out(pair):
@@ -218,7 +210,7 @@ def test_large_frames_grow_the_buffer(pair):
     sender.start()
     stream = p.FrameStream(reader, slice_s=0.05)
     stream.set_deadline(10)
-    message = p.read_message(stream)
+    message = read_message(stream)
     sender.join(10)
     np.testing.assert_allclose(message.positions, positions, rtol=1e-14)
 
@@ -262,7 +254,7 @@ garbage = st.one_of(st.binary(max_size=4096), frames)
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(garbage)
 def test_fuzz_worker_side_parser(data):
-    drain(p.read_message, data)
+    drain(read_message, data)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -30,13 +30,8 @@ from rootstock.install.manifest import (
 )
 from rootstock.install.prune_journal import PruneJournal, read_journal, write_journal
 from rootstock.ops.prune import prune, uv_removed_bytes
-from rootstock.ops.prune_plan import (
-    covers,
-    files_to_delete,
-    old_enough,
-    other_clusters_served,
-    plan_prune,
-)
+from rootstock.ops.prune_entries import old_enough
+from rootstock.ops.prune_plan import covers, files_to_delete, other_clusters_served, plan_prune
 from rootstock.ops.sources import EnvSource
 from tests.integration.checkpoint_envs import write_env
 

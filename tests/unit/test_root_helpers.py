@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rootstock.install.clusters import default_cluster_name, suggest_cluster
 from rootstock.install.layout import InstallLayout
+from rootstock.install.machine import default_cluster_name, suggest_cluster
 from rootstock.install.manifest import ensure_manifest
 from rootstock.install.perms import maintainer_umask
 

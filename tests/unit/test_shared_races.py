@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rootstock.runtime import shared
-from rootstock.runtime.pool_dir import write_json_atomic
+from rootstock.runtime.pool.directory import write_json_atomic
 from tests.integration.pooling import wait_for
 
 THREADS = 8
@@ -148,8 +148,8 @@ def test_a_client_threads_retire_never_breaks_the_main_loops_accept(short_tmp_pa
     # A client thread that gives up the worker retires the socket while the main loop
     # sits in accept(): it closed the listener under accept, which died with EBADF.
     from rootstock.install.layout import InstallLayout
-    from rootstock.runtime.pool import PoolDaemon
-    from rootstock.runtime.pool_dir import PoolFiles
+    from rootstock.runtime.pool.daemon import PoolDaemon
+    from rootstock.runtime.pool.directory import PoolFiles
     from rootstock.runtime.spec import WorkerSpec
 
     spec = WorkerSpec(

@@ -12,8 +12,8 @@ from ase.build import bulk, molecule
 from ase.calculators.calculator import all_changes
 from ase.calculators.emt import EMT
 
-from rootstock.runtime import batch_wire as bw
-from rootstock.runtime import protocol as p
+from rootstock.wire import batch as bw
+from rootstock.wire import framing as p
 from rootstock.worker.batch import run_batch
 from rootstock.worker.model import ModelRunner
 
@@ -111,7 +111,7 @@ def test_a_batch_equals_single_calls_and_names_the_failing_index(with_hook):
             assert result.virial is None
     # The report names the extras seen filled: the hook gave none, EMT's own path energies.
     filled = [] if with_hook else ["energies"]
-    assert reply.model == {"dtype": "float64", "extras": filled}
+    assert reply.model == {"dtype": "float64", "extras": filled, "device": "cpu"}
     if with_hook:
         # Stress is asked for only for the 3-D periodic structures, in a call of their own.
         assert seen == [(3, ("energy", "forces", "stress")), (2, ("energy", "forces"))]

@@ -189,14 +189,16 @@ def test_the_model_report_comes_once_and_extras_only_when_asked():
     runner = ModelRunner(EMT())
     runner.configure(config_for(atoms))
     # EMT advertises magmoms but fills only energies: the report follows the results.
-    assert extra_json(runner, atoms) == {"model": {"dtype": "float64", "extras": ["energies"]}}
+    assert extra_json(runner, atoms) == {
+        "model": {"dtype": "float64", "extras": ["energies"], "device": "cpu"}
+    }
     assert extra_json(runner, atoms) is None  # nothing to say: empty extra bytes
     runner.configure(config_for(atoms, extras=["energies", "magmoms", "unknown"]))
     ref = atoms.copy()
     ref.calc = EMT()
     doc = extra_json(runner, atoms)
     # The report comes again after every INIT: a shared worker's next client learns it.
-    assert doc.pop("model") == {"dtype": "float64", "extras": ["energies"]}
+    assert doc.pop("model") == {"dtype": "float64", "extras": ["energies"], "device": "cpu"}
     assert set(doc) == {"energies"}
     assert set(extra_json(runner, atoms)) == {"energies"}
     np.testing.assert_allclose(doc["energies"], ref.get_potential_energies(), rtol=0, atol=1e-12)

@@ -13,7 +13,7 @@ import pytest
 
 from rootstock.errors import WorkerTimeout
 from rootstock.install.layout import InstallLayout
-from rootstock.runtime import server, spawn
+from rootstock.runtime import server, spawn, worker_env
 from rootstock.runtime.spec import WorkerSpec
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,7 +39,7 @@ def user(tmp_path: Path) -> dict[str, str]:
 
 
 def test_redirects_home_and_caches_into_the_cache_root(layout, user):
-    env = spawn.worker_environment(layout, "emt", base=user)
+    env = worker_env.worker_environment(layout, "emt", base=user)
     assert env["HOME"] == str(layout.cache_root / "home")
     assert env["XDG_CACHE_HOME"] == str(layout.cache_root / "cache")
     assert env["HF_HOME"] == str(layout.cache_root / "cache" / "huggingface")
@@ -52,13 +52,13 @@ def test_redirects_home_and_caches_into_the_cache_root(layout, user):
 
 
 def test_download_phase_is_not_forced_offline(layout, user):
-    env = spawn.worker_environment(layout, "emt", offline=False, base=user)
+    env = worker_env.worker_environment(layout, "emt", offline=False, base=user)
     assert "HF_HUB_OFFLINE" not in env
 
 
 def test_compiler_caches_are_per_user_and_outside_the_roots(layout, user):
-    env = spawn.worker_environment(layout, "emt", base=user)
-    for var in spawn.COMPILER_CACHE_VARS:
+    env = worker_env.worker_environment(layout, "emt", base=user)
+    for var in worker_env.COMPILER_CACHE_VARS:
         path = Path(env[var])
         assert path.is_relative_to(Path(user["XDG_CACHE_HOME"]) / "rootstock"), var
         assert not path.is_relative_to(layout.root)
@@ -68,31 +68,31 @@ def test_compiler_caches_are_per_user_and_outside_the_roots(layout, user):
 def test_compiler_cache_inside_the_shared_root_falls_back(layout, user):
     # A caller whose cache dir already points into the install (e.g. a nested spawn).
     user["XDG_CACHE_HOME"] = str(layout.cache_root / "cache")
-    chosen = spawn.compiler_cache_dir(user, layout)
+    chosen = worker_env.compiler_cache_dir(user, layout)
     assert not chosen.is_relative_to(layout.cache_root)
     assert stat.S_IMODE(chosen.stat().st_mode) & 0o077 == 0
 
 
 def test_user_set_compiler_cache_is_kept(layout, user):
     user["TRITON_CACHE_DIR"] = "/my/triton"
-    env = spawn.worker_environment(layout, "emt", base=user)
+    env = worker_env.worker_environment(layout, "emt", base=user)
     assert env["TRITON_CACHE_DIR"] == "/my/triton"
 
 
 def test_hf_token_lookup_order(tmp_path, user):
     home = Path(user["HOME"])
-    assert spawn.find_hf_token(user, home) == (None, None)
+    assert worker_env.find_hf_token(user, home) == (None, None)
     (home / ".cache" / "huggingface").mkdir(parents=True)
     (home / ".cache" / "huggingface" / "token").write_text("hf_cache\n")
-    assert spawn.find_hf_token(user, home)[0] == "hf_cache"
+    assert worker_env.find_hf_token(user, home)[0] == "hf_cache"
     (home / ".hf_token").write_text("  hf_dot  \n")
-    assert spawn.find_hf_token(user, home)[0] == "hf_dot"
+    assert worker_env.find_hf_token(user, home)[0] == "hf_dot"
     token_file = tmp_path / "token-file"
     token_file.write_text("hf_file")
     user["HF_TOKEN_FILE"] = str(token_file)
-    assert spawn.find_hf_token(user, home) == ("hf_file", str(token_file))
+    assert worker_env.find_hf_token(user, home) == ("hf_file", str(token_file))
     user["HF_TOKEN"] = "hf_env"
-    assert spawn.find_hf_token(user, home) == ("hf_env", "HF_TOKEN")
+    assert worker_env.find_hf_token(user, home) == ("hf_env", "HF_TOKEN")
 
 
 def test_empty_or_unreadable_token_files_are_skipped(tmp_path, user):
@@ -101,12 +101,12 @@ def test_empty_or_unreadable_token_files_are_skipped(tmp_path, user):
     (home / ".hf_token").write_text("   \n")
     (home / ".cache" / "huggingface").mkdir(parents=True)
     (home / ".cache" / "huggingface" / "token").write_text("hf_last")
-    assert spawn.find_hf_token(user, home)[0] == "hf_last"
+    assert worker_env.find_hf_token(user, home)[0] == "hf_last"
 
 
 def test_token_is_exported_under_both_names(layout, user):
     (Path(user["HOME"]) / ".hf_token").write_text("hf_secret\n")
-    env = spawn.worker_environment(layout, "emt", base=user)
+    env = worker_env.worker_environment(layout, "emt", base=user)
     assert env["HF_TOKEN"] == env["HUGGING_FACE_HUB_TOKEN"] == "hf_secret"
 
 

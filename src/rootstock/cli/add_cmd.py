@@ -7,7 +7,12 @@ from typing import TYPE_CHECKING, Literal
 import click
 
 from rootstock.cli.common import emit_json, layout_from, progress, root_options, warn
-from rootstock.cli.options import DEVICE, verify_timeout_option
+from rootstock.cli.options import (
+    device_option,
+    kwarg_option,
+    timeout_seconds,
+    verify_timeout_option,
+)
 
 if TYPE_CHECKING:
     from rootstock.install.layout import InstallLayout
@@ -18,22 +23,20 @@ if TYPE_CHECKING:
 @click.argument("checkpoint", required=False)
 @root_options
 @click.option("--no-verify", is_flag=True, help="Only download (e.g. on a login node).")
-@click.option(
-    "--device",
-    type=DEVICE,
-    default="cuda",
-    show_default=True,
-    help="Device to verify on: cpu, cuda, cuda:N or xpu.",
-)
-@click.option(
-    "--kwarg",
-    "kwargs",
-    multiple=True,
-    metavar="K=V",
-    help="Keyword for setup() (JSON-decoded, else a string). Repeatable. "
+@device_option("Device to verify on: cpu, cuda, cuda:N or xpu.")
+@kwarg_option(
+    "Keyword for setup() (JSON-decoded, else a string). Repeatable. "
     "Without any, VERIFY_KWARGS applies.",
+    metavar="K=V",
 )
 @verify_timeout_option
+@click.option(
+    "--download-timeout",
+    type=timeout_seconds(),
+    default=3600.0,
+    show_default=True,
+    help="Seconds the download may take before it is stopped.",
+)
 @click.option("--force", is_flag=True, help="Download again even if already fetched.")
 @click.option(
     "--accept-drift", is_flag=True, help="Accept this result as the new reference fingerprint."
@@ -49,8 +52,9 @@ def add(
     cache_root: str | None,
     no_verify: bool,
     device: str,
-    kwargs: tuple[str, ...],
+    kwarg_pairs: tuple[str, ...],
     verify_timeout: float,
+    download_timeout: float,
     force: bool,
     accept_drift: bool,
     no_push: bool,
@@ -68,7 +72,7 @@ def add(
     from rootstock.ops.add import add as run_add
 
     # Before the root is even resolved: a bad --kwarg is the first thing reported.
-    setup_kwargs = parse_kwargs(kwargs)
+    setup_kwargs = parse_kwargs(kwarg_pairs)
     layout = layout_from(root, cluster, cache_root)
     if list_only:
         _list_addable(layout, cluster, as_json)
@@ -88,6 +92,7 @@ def add(
             kwargs=setup_kwargs,
             verify=not no_verify,
             verify_timeout=verify_timeout,
+            download_timeout=download_timeout,
             force=force,
             accept_drift=accept_drift,
             step=step,

@@ -86,7 +86,7 @@ def benchmark(
     start-up (first call) and how far the two runs' energies differ.
     """
     from rootstock.ops.benchmark import benchmark as run_benchmark
-    from rootstock.runtime.spec import WorkerOptions
+    from rootstock.runtime import WorkerOptions
 
     options = WorkerOptions(
         root, cluster, cache_root, device=device, setup_kwargs=setup_kwargs, weights=weights
@@ -110,7 +110,7 @@ def benchmark(
 
 def render(doc: dict) -> None:
     """The human table: one row per run, then the overhead of each checkpoint."""
-    from rootstock.cli.common import console, table
+    from rootstock.cli.common import console, print_table, table
 
     system, walk = doc["system"], doc["walk"]
     click.echo(f"system  {_describe(system)}")
@@ -118,7 +118,8 @@ def render(doc: dict) -> None:
         f"walk    seed {walk['seed']}, {walk['step']} Å steps: 1 start-up + "
         f"{walk['warmup']} warm-up + {walk['calls']} timed calls per run, on {doc['device']}\n"
     )
-    tab = table(None, ["checkpoint", "run", "median ms", "p95 ms", "min ms", "start-up s"])
+    columns = ["checkpoint", "run", "median ms", "p95 ms", "min ms", "start-up s"]
+    tab = table(None, columns, whole=("checkpoint",))
     for column in tab.columns[2:]:
         column.justify = "right"
     for result in doc["results"]:
@@ -132,7 +133,7 @@ def render(doc: dict) -> None:
                 f"{run['min_ms']:.3f}",
                 f"{run['startup_s']:.2f}",
             )
-    console().print(tab)
+    print_table(console(), tab)
     click.echo()
     for result in doc["results"]:
         pct = result["overhead_pct"]

@@ -1,7 +1,11 @@
 """``rootstock dashboard serve | add-cluster | issue-key | revoke-key | keys``.
 
-The dashboard is an optional extra: everything it needs is imported inside the
-commands, and a missing dependency is an error that names the install command.
+The dashboard is an optional extra: everything that needs it is imported inside the
+commands, and a missing dependency is an error that names the install command. This
+module itself is imported only when ``rootstock dashboard`` runs (``cli/main.py``'s
+lazy group), and at its top it imports only :mod:`rootstock.dashboard.retention`:
+plain constants, with no dependency of the extra, that build ``--keep-bodies``'s
+default, range, variable and help when the ``serve`` command is defined.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from rootstock.cli.common import console, emit_json, table
+from rootstock.cli.common import console, emit_json, next_step, print_table, table
 from rootstock.cli.options import BODY_BYTES, PORT, Count
 from rootstock.dashboard.retention import DEFAULT_KEEP_BODIES, KEEP_BODIES_ENV, MAX_KEEP_BODIES
 from rootstock.errors import RootstockError
@@ -191,7 +195,7 @@ def add_cluster(name: str, db: str | None) -> None:
     with _transaction(db) as session:
         credentials.add_cluster(session, name)
     click.echo(f"added cluster {name}")
-    click.echo(f"next: rootstock dashboard issue-key --cluster {name} --maintainer EMAIL")
+    next_step(f"rootstock dashboard issue-key --cluster {name} --maintainer EMAIL")
 
 
 @dashboard.command("issue-key")
@@ -254,10 +258,8 @@ def keys(db: str | None, as_json: bool) -> None:
     if not rows:
         click.echo("no keys issued yet (rootstock dashboard issue-key)")
         return
-    tab = table(None, ["key", "maintainer", "clusters", "created", "revoked"])
     # The key id is what revoke-key needs: never truncate it on a narrow terminal.
-    tab.columns[0].no_wrap = True
-    tab.columns[0].min_width = len(rows[0]["api_key"])
+    tab = table(None, ["key", "maintainer", "clusters", "created", "revoked"], whole=("key",))
     for row in rows:
         tab.add_row(
             row["api_key"],
@@ -266,7 +268,7 @@ def keys(db: str | None, as_json: bool) -> None:
             _short_time(row["created_at"]),
             _short_time(row["revoked_at"]),
         )
-    console().print(tab)
+    print_table(console(), tab)
 
 
 def _short_time(iso: str | None) -> str:

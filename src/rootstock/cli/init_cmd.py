@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rootstock.cli.common import emit_json
+from rootstock.cli.common import emit_json, next_step
 from rootstock.cli.options import CLUSTER, directory
 
 _CACHE_EXPLAINER = (
@@ -36,6 +36,18 @@ _CACHE_EXPLAINER = (
     type=click.Path(dir_okay=False, exists=True),
     help="A file holding your dashboard API secret (keeps it out of shell history).",
 )
+@click.option(
+    "--images/--no-images",
+    default=None,
+    help="Whether builds pack a squashfs image for node-local staging (default: on; "
+    "docs/cold-start.md).",
+)
+@click.option(
+    "--shared/--private",
+    default=None,
+    help="Whether other users use this root: only a shared one draws permission warnings "
+    "(default: private under $HOME and the temp dirs, else asked; docs/permissions.md).",
+)
 @click.option("--force", is_flag=True, help="On a populated root, only add what is missing.")
 @click.option("--yes", "-y", is_flag=True, help="Never prompt; flags and defaults decide.")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
@@ -48,6 +60,8 @@ def init(
     api_url: str | None,
     api_key: str | None,
     api_secret_file: str | None,
+    images: bool | None,
+    shared: bool | None,
     force: bool,
     yes: bool,
     as_json: bool,
@@ -58,13 +72,17 @@ def init(
     jobs, CI) it never prompts.
     """
     from rootstock.errors import RootNotFound
-    from rootstock.install.clusters import clusters_for_root, suggest_cluster
+    from rootstock.install.clusters import clusters_for_root
     from rootstock.install.config import load_config
+    from rootstock.install.machine import first_root, suggest_cluster
     from rootstock.ops.init import InitRequest, init_root
 
     interactive = not yes and sys.stdin.isatty()
-    config = load_config()
-    default_root = root or _registry_root(cluster) or _env_root() or config.get("root")
+    load_config()  # a broken config.toml is refused before anything is created
+    # The order every command resolves in; an unregistered cluster is no error
+    # here, since init is how a new machine gets recorded.
+    chosen = first_root(root, cluster)
+    default_root = root or (str(chosen.root) if chosen else None)
     if root is None and interactive:
         root = click.prompt("Install root (on a shared filesystem)", default=default_root)
     root = root or default_root
@@ -80,6 +98,8 @@ def init(
         else:
             # "No" declares the root itself, even where the registry has a legacy entry.
             cache_root = str(root_path)
+    if shared is None and interactive and not (root_path / "layout.json").exists():
+        shared = _ask_shared(root_path)
     if cluster is None and interactive:
         cluster = click.prompt("Cluster name", default=suggest_cluster(root_path), type=CLUSTER)
     secret = Path(api_secret_file).read_text().strip() if api_secret_file else None
@@ -108,6 +128,8 @@ def init(
             api_key=api_key,
             api_secret=secret,
             force=force,
+            images=images,
+            shared=shared,
         )
     )
     if as_json:
@@ -117,23 +139,20 @@ def init(
     click.echo(f"cache root:   {result.cache_root}")
     click.echo(f"cluster:      {result.cluster}")
     click.echo(f"config:       {result.config_file} (mode 0600)")
+    click.echo(f"images:       {'on' if result.images else 'off'}")
+    click.echo(f"shared:       {'yes' if result.shared else 'no (private)'}")
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
-    click.echo("next: rootstock install environments/<model>.py")
+    next_step("rootstock install environments/<model>.py")
 
 
-def _registry_root(cluster: str | None) -> str | None:
-    """The registry root of ``cluster``: like every command, it comes before the defaults.
+def _ask_shared(root: Path) -> bool | None:
+    """Ask whether others use ``root`` where no default fits; None leaves it to the default."""
+    from rootstock.install.sharing import sharing_default
 
-    An unregistered name is no error here: init is how a new machine gets recorded.
-    """
-    from rootstock.install.layout import registered_cluster
-
-    entry = registered_cluster(cluster) if cluster else None
-    return str(entry.root) if entry else None
-
-
-def _env_root() -> str | None:
-    import os
-
-    return os.environ.get("ROOTSTOCK_ROOT")
+    if sharing_default(root).shared is not None:
+        return None
+    return click.confirm(
+        "Will other users use this install (a shared root, checked for their access)?",
+        default=True,
+    )

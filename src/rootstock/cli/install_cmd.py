@@ -9,8 +9,8 @@ import click
 from rootstock.cli.common import emit_json, layout_from, progress, root_options
 
 if TYPE_CHECKING:
+    from rootstock.install.dry_run import InstallPlan
     from rootstock.install.layout import InstallLayout
-    from rootstock.install.plan import InstallPlan
 
 
 @click.command()
@@ -39,6 +39,12 @@ if TYPE_CHECKING:
     metavar="FILE",
     help="Constrain versions with FILE (as uv's -c). $UV_CONSTRAINT also works.",
 )
+@click.option(
+    "--image/--no-image",
+    default=None,
+    help="Pack a squashfs image of the build for node-local staging "
+    "(default: the root's setting, on unless `init --no-images`).",
+)
 @click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
 @click.option("--no-perm-check", is_flag=True, help="Skip the up-front permission check.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream uv's output.")
@@ -58,6 +64,7 @@ def install(
     python: str | None,
     find_links: tuple[str, ...],
     constraints: tuple[str, ...],
+    image: bool | None,
     no_push: bool,
     no_perm_check: bool,
     verbose: bool,
@@ -90,7 +97,11 @@ def install(
 
         warn_about_perms(layout)
     options = BuildOptions(
-        upgrade=upgrade, find_links=list(find_links), constraints=list(constraints), verbose=verbose
+        upgrade=upgrade,
+        find_links=list(find_links),
+        constraints=list(constraints),
+        verbose=verbose,
+        image=image,
     )
     with progress(enabled=not as_json) as step:
         outcomes = run_install(
@@ -100,6 +111,7 @@ def install(
         emit_json([o.to_dict() for o in outcomes])
     else:
         for outcome in outcomes:
+            # The reported notes (the interpreter's) were said as they happened.
             for note in outcome.notes:
                 click.echo(f"{outcome.name}: {note}", err=True)
             if outcome.status == "failed":

@@ -8,21 +8,13 @@ import click
 
 from rootstock.cli.common import root_options
 from rootstock.cli.kwargs import parse_kwargs
-from rootstock.cli.options import DEVICE, weights_option
+from rootstock.cli.options import setup_options
 
 
 @click.command()
 @click.argument("in_file", metavar="IN_FILE", type=click.Path(exists=True, dir_okay=False))
 @click.option("--checkpoint", required=True, help="The checkpoint id that supplies the forces.")
-@click.option("--device", type=DEVICE, default="cuda", show_default=True, help="Passed to setup().")
-@click.option(
-    "--kwarg",
-    "kwarg_pairs",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Keyword for setup(); VALUE is JSON if it parses, else a string. Repeatable.",
-)
-@weights_option
+@setup_options
 @click.option(
     "--log",
     "log_file",
@@ -57,7 +49,7 @@ def lammps(
     the current directory, as with ``lmp -in``.
     """
     from rootstock.integrations.lammps import run_input
-    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime import RootstockCalculator
 
     text = Path(in_file).read_text()
     cmdargs = ["-nocite", "-log", log_file]

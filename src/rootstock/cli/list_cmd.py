@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from rootstock.cli.common import console, emit_json, layout_from, root_options, table, warn
+from rootstock.cli.common import (
+    console,
+    emit_json,
+    layout_from,
+    print_table,
+    root_options,
+    table,
+    warn,
+)
 
 
 @click.command("list")
@@ -27,7 +35,9 @@ def list_envs(root: str | None, cluster: str | None, cache_root: str | None, as_
             f"no envs installed in {result['root']}; try: rootstock install environments/emt.py"
         )
         return
-    tab = table(f"envs in {result['root']}", ["env", "checkpoints", "custom", "clusters"])
+    tab = table(
+        f"envs in {result['root']}", ["env", "checkpoints", "custom", "clusters"], whole=("env",)
+    )
     for env in result["envs"]:
         if env["error"]:
             # The ids shown are the manifest's record; the file itself cannot be read.
@@ -40,4 +50,4 @@ def list_envs(root: str | None, cluster: str | None, cache_root: str | None, as_
             ", ".join(env["custom"]) or "-",
             clusters,
         )
-    console().print(tab)
+    print_table(console(), tab)

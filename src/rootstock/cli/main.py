@@ -54,6 +54,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "usage": ("rootstock.cli.usage_cmd", "usage", "Report, compact and push usage counts."),
     "workers": ("rootstock.cli.workers_cmd", "workers", "Start, list and stop pooled workers."),
+    "stage": ("rootstock.cli.stage_cmd", "stage", "Stage builds on this node's disk."),
     "dashboard": (
         "rootstock.cli.dashboard_cmd",
         "dashboard",
@@ -83,7 +84,13 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="rootstock", message="rootstock %(version)s")
 @click.option("--debug", is_flag=True, help="Show full tracebacks on errors.")
-def cli(debug: bool) -> None:
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="Print no 'next:' hints (for scripts; also $ROOTSTOCK_NO_HINTS=1).",
+)
+def cli(debug: bool, quiet: bool) -> None:
     """Run many machine-learned interatomic potentials from one ASE calculator.
 
     Maintainers build model environments into a shared install root
@@ -91,7 +98,8 @@ def cli(debug: bool) -> None:
     """
     # ``--debug`` is declared here so click parses it and --help lists it. main()
     # reads it from argv instead: the errors it shows tracebacks for are caught
-    # there, after click has returned.
+    # there, after click has returned. ``--quiet`` is read by
+    # rootstock.cli.common.hints_wanted from the root context's params.
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     except RootstockError as exc:
         if debug:
             raise
+        if exc.cli_hint:
+            exc.hint = exc.cli_hint  # the same advice, in options rather than keywords
         click.echo(f"error: {exc}", err=True)
         return exc.exit_code
     except OSError as exc:

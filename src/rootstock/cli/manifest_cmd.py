@@ -18,7 +18,8 @@ def manifest() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the whole manifest as JSON.")
 def show(root: str | None, cluster: str | None, cache_root: str | None, as_json: bool) -> None:
     """Show the manifest (human-readable, or the full JSON)."""
-    from rootstock.install.manifest import load_manifest, served_clusters
+    from rootstock.install.machine import served_clusters
+    from rootstock.install.manifest import load_manifest
 
     layout = layout_from(root, cluster, cache_root)
     data = load_manifest(layout)
@@ -68,19 +69,34 @@ def init_manifest(
     no_push: bool,
     as_json: bool,
 ) -> None:
-    """Create the manifest, or add clusters to it (registry siblings are added too)."""
+    """Create the manifest, or add clusters to it (registry siblings are added too).
+
+    Adding a second cluster to an install changes how it is used: commands that
+    record results for this machine then need --cluster, and the output says so.
+    """
+    from rootstock.install.machine import served_clusters
     from rootstock.install.manifest import ensure_manifest
 
     layout = layout_from(root, None, cache_root)
+    before = None if force or not layout.manifest_file.exists() else served_clusters(layout)
     result = ensure_manifest(layout, clusters, force=force)
     doc = result.to_dict()
     if as_json:
         emit_json(doc)
     else:
+        served = ", ".join(doc["clusters"])
+        added = [c for c in doc["clusters"] if before is not None and c not in before]
         verb = "created" if doc.get("created") else "updated"
-        click.echo(f"{verb} {layout.manifest_file}; clusters: {', '.join(doc['clusters'])}")
+        change = f": added {', '.join(added)}" if added else ""
+        click.echo(f"{verb} {layout.manifest_file}{change}; clusters: {served}")
         if doc.get("backup"):
             click.echo(f"the previous file is kept as {doc['backup']}")
+        if before is not None and len(before) <= 1 < len(doc["clusters"]):
+            click.echo(
+                f"note: this install now serves {len(doc['clusters'])} clusters, so `add`, "
+                "`smoke-test`, `sync` (to verify) and `usage push` need --cluster NAME "
+                f"({served}) to say which machine they run on"
+            )
     from rootstock.cli.push_hooks import auto_push_dashboard, push_after
 
     push_after("manifest init", layout, auto_push_dashboard(no_push), doc["clusters"])
@@ -95,7 +111,7 @@ def push(root: str | None, cluster: str | None, cache_root: str | None, as_json:
     With --cluster, only that cluster's. Uses api_url, api_key and api_secret from
     config.toml; exit code 1 when any cluster's push failed.
     """
-    from rootstock.install.manifest import resolve_cluster
+    from rootstock.install.machine import resolve_cluster
     from rootstock.ops.push import dashboard_settings, push_manifest
 
     dashboard = dashboard_settings()

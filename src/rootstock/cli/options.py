@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -207,6 +207,27 @@ DEVICE = CheckedBy("device", _device_name)
 # A standard JSON object nested at most install.parsing.MAX_KWARG_DEPTH deep.
 SETUP_KWARGS = CheckedBy("json", _setup_kwargs)
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def device_option(help: str = "Passed to setup().") -> Callable[[F], F]:
+    """``--device`` (default ``cuda``), checked by :data:`DEVICE`; ``help`` says what for."""
+    return click.option("--device", type=DEVICE, default="cuda", show_default=True, help=help)
+
+
+def kwarg_option(
+    help: str = "Keyword for setup(); VALUE is JSON if it parses, else a string. Repeatable.",
+    metavar: str = "KEY=VALUE",
+) -> Callable[[F], F]:
+    """``--kwarg``, repeatable, into the ``kwarg_pairs`` parameter.
+
+    The pairs reach the command as typed: it parses them with
+    :func:`rootstock.cli.kwargs.parse_kwargs` when it chooses, so ``add`` reports a
+    bad pair before it resolves the root.
+    """
+    return click.option("--kwarg", "kwarg_pairs", multiple=True, metavar=metavar, help=help)
+
+
 # Every command that starts a worker for a ``<family>:custom`` id takes the same option.
 weights_option = click.option(
     "--weights", type=click.Path(), help="Your weights, for <family>:custom ids."
@@ -228,3 +249,9 @@ push_every_option = click.option(
     metavar="N",
     help="Push a manifest snapshot to the dashboard after every N results.",
 )
+
+
+def setup_options(command: F) -> F:
+    """``--device``, ``--kwarg`` and ``--weights``: how a command that serves a model sets
+    it up (``serve``, ``lammps``)."""
+    return device_option()(kwarg_option()(weights_option(command)))

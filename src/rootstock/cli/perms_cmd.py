@@ -1,7 +1,8 @@
-"""``rootstock setup-perms`` and ``rootstock check-perms``, and install's up-front warning."""
+"""``rootstock setup-perms`` and ``rootstock check-perms``, and install's one-line warning."""
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -101,6 +102,8 @@ def setup_perms(
         for line in failed.output.rstrip().splitlines():
             click.echo(f"  {line}", err=True)
         click.echo(f"  {len(result.not_run)} later commands were not run", err=True)
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
     report = result.report
     if report is not None and report.problems:
         click.echo("the filesystem did not honour all of the recipe:", err=True)
@@ -148,26 +151,27 @@ def check_perms(
 
 
 def warn_about_perms(layout: InstallLayout) -> None:
-    """The quick check install and add run up front: warnings only, never an error."""
-    from rootstock.ops.perms import check
+    """The quick check install and add run up front: one warning line on a shared root.
+
+    A private root draws none: nobody else uses it (docs/permissions.md).
+    """
+    from rootstock.ops.perms import problems_for_others
 
     try:
-        report = check(layout, full=False)
+        report = problems_for_others(layout)
     except Exception as exc:
         # The check is advisory: whatever goes wrong in it must not stop a build.
         warn(f"the permission check could not run: {exc}")
         return
-    if report.ok:
+    if report is None or report.ok:
         return
+    count = len(report.problems)
+    what = "1 permission problem makes" if count == 1 else f"{count} permission problems make"
+    # The root is named: a bare check-perms would check the default root, not this one.
     warn(
-        f"other users may not be able to use {layout.root} "
-        "(`rootstock check-perms` explains; --no-perm-check silences this):"
-    )
-    for problem in report.problems:
-        click.echo(f"  {problem.path}: {problem.message} (fix: {problem.fix})", err=True)
-    click.echo(
-        f"  or apply the whole recipe: rootstock setup-perms {layout.root} --group GROUP --apply",
-        err=True,
+        f"{what} this root unusable by others; run rootstock check-perms "
+        f"{shlex.quote(str(layout.root))} "
+        "for details"
     )
 
 

@@ -18,7 +18,7 @@ def resolve(root: str | None, cluster: str | None, cache_root: str | None, as_js
     cache_root, then the root itself for the cache root. Lower-ranked rules that
     name another root are listed as not used.
     """
-    from rootstock.install.layout import explain_resolution
+    from rootstock.install.machine import explain_resolution
 
     info = explain_resolution(root, cluster, cache_root)
     if as_json:

@@ -6,7 +6,7 @@ import click
 
 from rootstock.cli.common import root_options
 from rootstock.cli.kwargs import parse_kwargs
-from rootstock.cli.options import DEVICE, timeout_seconds, weights_option
+from rootstock.cli.options import setup_options, timeout_seconds
 
 
 @click.command()
@@ -18,19 +18,12 @@ from rootstock.cli.options import DEVICE, timeout_seconds, weights_option
     type=click.Path(dir_okay=False),
     help="Unix socket the server binds (ASE and i-PI use /tmp/ipi_NAME).",
 )
-@click.option("--device", type=DEVICE, default="cuda", show_default=True, help="Passed to setup().")
-@click.option(
-    "--kwarg",
-    "kwarg_pairs",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Keyword for setup(); VALUE is JSON if it parses, else a string. Repeatable.",
-)
-@weights_option
+@setup_options
 @click.option(
     "--structure",
     type=click.Path(exists=True, dir_okay=False),
-    help="ASE-readable file with the species and PBC (standard servers send none).",
+    help="ASE-readable file with the species and PBC. Required: standard i-PI servers "
+    "send no species (serve refuses to start without it, exit code 2).",
 )
 @click.option(
     "--connect-timeout",
@@ -56,20 +49,14 @@ def serve(
 
     The worker connects to --socket as a standard i-PI client, retrying until the
     server is up, and runs until the server sends EXIT or closes the connection.
+    A standard server sends no species: --structure FILE supplies them.
     i-PI's batched mode (batch_size in its ffsocket, i-PI 3.3 or later) needs no
     option: the batch size comes with i-PI's INIT.
     """
-    from rootstock.cli.common import warn
     from rootstock.ops.serve import serve as run_serve
-    from rootstock.runtime.spec import WorkerOptions
+    from rootstock.runtime import WorkerOptions
 
     setup_kwargs = parse_kwargs(kwarg_pairs) or {}
-    if structure is None:
-        warn(
-            "no --structure: standard i-PI servers send no species, so the first "
-            "calculation will fail unless the server speaks rootstock's dialect"
-        )
-
     options = WorkerOptions(
         root, cluster, cache_root, device=device, setup_kwargs=setup_kwargs, weights=weights
     )

@@ -48,8 +48,8 @@ def smoke_test(
     """
     from rootstock.cli.push_hooks import auto_push_dashboard, push_after, show_notice
     from rootstock.ops.push_policy import snapshot_pushes
-    from rootstock.ops.smoke_test import SmokeResult
-    from rootstock.ops.smoke_test import smoke_test as run_smoke_test
+    from rootstock.ops.smoke import SmokeResult
+    from rootstock.ops.smoke import smoke_test as run_smoke_test
 
     layout = layout_from(root, cluster, cache_root)
     from rootstock.ops.checkpoints import check_selection
@@ -59,7 +59,7 @@ def smoke_test(
     dashboard = auto_push_dashboard(no_push, asked_by="--push-every" if push_every else None)
     machine = None
     if dashboard is not None:
-        from rootstock.install.manifest import resolve_cluster
+        from rootstock.install.machine import resolve_cluster
 
         machine = resolve_cluster(layout, cluster)
     state = {"done": 0, "total": 0}

@@ -6,7 +6,15 @@ from typing import Any
 
 import click
 
-from rootstock.cli.common import console, emit_json, layout_from, root_options, table, warn
+from rootstock.cli.common import (
+    console,
+    emit_json,
+    layout_from,
+    print_table,
+    root_options,
+    table,
+    warn,
+)
 
 _STYLE = {
     "verified": "green",
@@ -67,12 +75,16 @@ def status(
     for line in doc["warnings"]:
         warn(line)
     out = console()
-    out.print(
-        f"root: {doc['root']}   cache root: {doc['cache_root']}   "
-        f"clusters: {', '.join(doc['clusters']) or '-'}"
-    )
+    # One field a line, printed as it is: rich would wrap it at its own width (80
+    # columns off a terminal), parting a label from its value or cutting a path.
+    for label, value in (
+        ("root", doc["root"]),
+        ("cache root", doc["cache_root"]),
+        ("clusters", ", ".join(doc["clusters"]) or "-"),
+    ):
+        out.print(f"{label}: {value}", markup=False, soft_wrap=True)
     columns = ["env", "state", "python", "torch", "built"] + (["size"] if sizes else [])
-    envs = table("envs", columns)
+    envs = table("envs", columns, whole=("env",))
     for env in doc["envs"]:
         state = env["state"] + (" (hotfixed)" if env["hotfixed"] else "")
         if env["error"]:
@@ -87,8 +99,10 @@ def status(
         if sizes:
             cells.append(_size(env.get("size_bytes")))
         envs.add_row(*cells)
-    out.print(envs)
-    grid = table("checkpoints", ["env", "checkpoint", *doc["clusters"]])
+    print_table(out, envs)
+    grid = table(
+        "checkpoints", ["env", "checkpoint", *doc["clusters"]], whole=("env", "checkpoint")
+    )
     for env in doc["envs"]:
         for row in env["checkpoints"]:
             grid.add_row(
@@ -100,7 +114,7 @@ def status(
                 ),
             )
     if grid.row_count:
-        out.print(grid)
+        print_table(out, grid)
     if sizes:
         caches = doc["cache_size_bytes"]
         out.print(f"cache: {_size(caches['cache'])}   home: {_size(caches['home'])}")

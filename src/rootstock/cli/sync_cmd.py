@@ -66,6 +66,11 @@ PHASES = CheckedBy("phases", _phases)
     help="Verify N checkpoints at once (cuda: one GPU each, cuda:0..N-1).",
 )
 @click.option("--fail-fast", is_flag=True, help="Stop at the first failure; cancel what waits.")
+@click.option(
+    "--image/--no-image",
+    default=None,
+    help="Pack an image of each build (default: the root's setting, see `init --no-images`).",
+)
 @push_every_option
 @click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
 @click.option("--no-perm-check", is_flag=True, help="Skip the up-front permission check.")
@@ -86,6 +91,7 @@ def sync(
     jobs: int,
     verify_jobs: int,
     fail_fast: bool,
+    image: bool | None,
     push_every: int | None,
     no_push: bool,
     no_perm_check: bool,
@@ -117,6 +123,7 @@ def sync(
         verify_jobs=verify_jobs,
         fail_fast=fail_fast,
         upgrade=upgrade,
+        image=image,
     )
     with open_source(layout, source) as opened:
         pending = None if dry_run else finish_pending_prune_if_any(layout)
@@ -223,8 +230,9 @@ class _Shown:
             self.running.pop(self._label(result.item), None)
             if self.enabled:
                 self._echo(_result_line(result, self.finished, self.total))
-                if result.status == "failed" and result.output and result.output != result.message:
-                    self._echo("\n".join(f"    {line}" for line in result.output.splitlines()))
+                details = _details(result)
+                if details:
+                    self._echo("\n".join(f"    {line}" for line in details))
             self._refresh()
 
     def _echo(self, text: str) -> None:
@@ -253,9 +261,26 @@ def _result_line(result: ItemResult, position: int, total: int) -> str:
     line = f"[{position}/{total}] {_MARKS[result.status]} {item.phase} {item.key}"
     if result.status != "skipped":
         line += f" ({result.seconds:.1f} s)"
-    if result.message and result.status != "done":
+    # A failure's message is the summary's line for it (_render_summary): said once.
+    if result.message and result.status == "skipped":
         line += f": {result.message}"
     return line
+
+
+def _details(result: ItemResult) -> list[str]:
+    """The lines of a failure's output that its message, in the summary, does not say.
+
+    The output of an error starts with the error's own message, which the summary's
+    line already carries; what follows (uv's or the worker's last lines) is said
+    only here.
+    """
+    if result.status != "failed":
+        return []
+    lines = (result.output or "").splitlines()
+    message = result.message or ""
+    while lines and (not lines[0].strip() or lines[0].strip() in message):
+        lines.pop(0)
+    return lines
 
 
 def _render_plan(report: SyncReport) -> None:
@@ -276,12 +301,12 @@ def _render_plan(report: SyncReport) -> None:
     for note in plan.notes:
         click.echo(f"  note: {note}")
     click.echo("")
-    click.echo(_plan_line(plan))
+    click.echo(_plan_line(plan, prepared.source.label))
 
 
-def _plan_line(plan: SyncPlan) -> str:
+def _plan_line(plan: SyncPlan, source: str) -> str:
     if not plan.items:
-        return "Plan: nothing to do; the install matches SOURCE."
+        return f"Plan: nothing to do; the install matches {source}."
     counts = plan.counts()
     blocked = sum(bool(item.blocked) for item in plan.items)
     builds = f"{counts['build']} to build" + (f" ({blocked} cannot start)" if blocked else "")

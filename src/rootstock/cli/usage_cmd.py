@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import click
 
-from rootstock.cli.common import console, emit_json, layout_from, root_options, table, warn
+from rootstock.cli.common import (
+    console,
+    emit_json,
+    layout_from,
+    print_table,
+    root_options,
+    table,
+    warn,
+)
 
 
 @click.group("usage")
@@ -45,6 +53,7 @@ def report(
     tab = table(
         f"usage in {result['spool']}",
         ["month", "env", "checkpoint", "users", "sessions", "force calls"],
+        whole=("env", "checkpoint"),
     )
     for row in result["rows"]:
         tab.add_row(
@@ -59,7 +68,7 @@ def report(
     tab.add_row(
         "total", "", "", str(totals["users"]), str(totals["sessions"]), str(totals["force_calls"])
     )
-    console().print(tab)
+    print_table(console(), tab)
 
 
 @usage.command("compact")

@@ -6,8 +6,8 @@ from typing import Any
 
 import click
 
-from rootstock.cli.common import console, emit_json, progress, root_options, table
-from rootstock.cli.options import DEVICE, SETUP_KWARGS, timeout_seconds, weights_option
+from rootstock.cli.common import console, emit_json, print_table, progress, root_options, table
+from rootstock.cli.options import SETUP_KWARGS, device_option, timeout_seconds, weights_option
 
 
 @click.group()
@@ -22,7 +22,7 @@ def workers() -> None:
 
 @workers.command("start")
 @click.argument("checkpoint")
-@click.option("--device", type=DEVICE, default="cuda", show_default=True, help="Passed to setup().")
+@device_option()
 @click.option(
     "--setup-kwargs",
     type=SETUP_KWARGS,
@@ -64,7 +64,7 @@ def start(
     checkpoint, device and setup keywords and pool=True then attach at once.
     """
     from rootstock.ops.workers import start_worker
-    from rootstock.runtime.spec import WorkerOptions
+    from rootstock.runtime import WorkerOptions
 
     options = WorkerOptions(
         root, cluster, cache_root, device=device, setup_kwargs=setup_kwargs, weights=weights
@@ -94,7 +94,7 @@ def list_workers(as_json: bool) -> None:
         click.echo("no pooled workers are running")
         return
     columns = ["id", "checkpoint", "env", "device", "daemon", "worker", "clients", "started"]
-    tab = table(None, [*columns, "idle timeout", "stale"])
+    tab = table(None, [*columns, "idle timeout", "stale"], whole=("id", "checkpoint", "env"))
     for w in found:
         tab.add_row(
             w.id,
@@ -108,7 +108,7 @@ def list_workers(as_json: bool) -> None:
             f"{w.idle_timeout:g} s",
             "stale" if w.stale else "-",
         )
-    console().print(tab)
+    print_table(console(), tab)
 
 
 @workers.command("stop")

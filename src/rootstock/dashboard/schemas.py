@@ -41,6 +41,7 @@ from rootstock.install.manifest import (
     Verification,
     parse_time,
 )
+from rootstock.install.manifest.types import ImageRecord
 from rootstock.names import CLUSTER_NAME_PATTERN
 
 INT32 = 2**31 - 1  # the Integer columns' range on PostgreSQL
@@ -238,6 +239,7 @@ CheckpointIn = derive_record(
         "verifications": NotRequired[_keyed(ClusterName, _keyed(Short, VerificationIn))],
     },
 )
+ImageIn = derive_record(ImageRecord, "EnvImage")
 EnvIn = derive_record(
     EnvRecord,
     "EnvEntry",

@@ -33,8 +33,9 @@ from rootstock.install.atomic import atomic_write_json
 from rootstock.install.envfile import EnvFile, source_hash
 from rootstock.install.envs import ENV_METADATA
 from rootstock.install.generations import make_generation_lock, remove_old_generations
+from rootstock.install.images import ImageInfo, make_image, mksquashfs
 from rootstock.install.interpreters import Interpreter
-from rootstock.install.layout import InstallLayout
+from rootstock.install.layout import InstallLayout, images_enabled
 from rootstock.install.locking import FileLock
 from rootstock.install.parsing import loads_json
 from rootstock.install.supervise import process_alive, process_start_time, run_supervised
@@ -74,6 +75,8 @@ class BuildOptions:
     find_links: list[str] = field(default_factory=list)
     constraints: list[str] = field(default_factory=list)
     verbose: bool = False
+    #: Pack an image of the build: None follows the root (``images`` in layout.json).
+    image: bool | None = None
 
 
 @dataclass
@@ -390,6 +393,7 @@ def _build_into(
     if lock_text is not None:
         (staging / "env_source.py.lock").write_text(lock_text)
     versions = _probe_versions(layout, staging, env.name)
+    image = _pack_image(layout, env.name, options, staging, work, step, warnings)
     metadata = {
         "name": env.name,
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -400,9 +404,43 @@ def _build_into(
         "versions": versions,
         "uv": uv_version(layout),
         "locked": lock_text is not None,
+        "image": image.to_record() if image is not None else None,
     }
     atomic_write_json(staging / ENV_METADATA, metadata)
     return BuildResult(env.name, staging, lock_text, metadata, warnings)
+
+
+def _pack_image(
+    layout: InstallLayout,
+    name: str,
+    options: BuildOptions,
+    staging: Path,
+    work: Path,
+    step: Reporter,
+    warnings: list[str],
+) -> ImageInfo | None:
+    """Pack the image into the staging build, or None (off, or it could not be made)."""
+    wanted = options.image if options.image is not None else images_enabled(layout)
+    if not wanted:
+        return None
+    if mksquashfs() is None:
+        warnings.append(
+            f"warning: no image of {name} was made: mksquashfs is not installed (install "
+            "squashfs-tools, or pass --no-image; `rootstock init --no-images` turns images "
+            "off for the root)"
+        )
+        return None
+    step("packing the image (mksquashfs)")
+    try:
+        image = make_image(layout, staging, work)
+    except BuildError as exc:
+        warnings.append(f"warning: no image of {name} was made: {exc.message}")
+        return None
+    # Into the generation before it is renamed into place: never a finished-looking
+    # image without its build, nor one left behind by a build that died.
+    os.replace(work / image.file, staging / image.file)
+    step(f"packed a {image.size / 1e6:.0f} MB image in {image.seconds:.1f} s")
+    return image
 
 
 def _close_world_writable_locks(env_dir: Path) -> None:

@@ -2,8 +2,9 @@
 
 Users say ``cluster="perlmutter"`` instead of remembering a path. An entry's
 ``cache_root`` is only the legacy fallback for installs that predate the
-``layout.json`` declaration. Sites extend or override the built-in entries with a
-TOML file named by ``$ROOTSTOCK_CLUSTERS_FILE``::
+``layout.json`` declaration. The built-in entries ship as data
+(``clusters.toml`` beside this module); sites extend or override them with a
+TOML file of the same form named by ``$ROOTSTOCK_CLUSTERS_FILE``::
 
     [clusters.mybox]
     root = "/shared/rootstock"
@@ -12,8 +13,8 @@ TOML file named by ``$ROOTSTOCK_CLUSTERS_FILE``::
 
 from __future__ import annotations
 
+import functools
 import os
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,24 +42,15 @@ class Cluster:
     cache_root: Path | None = None
 
 
-_EAGLE_ROOT = Path("/lus/eagle/projects/rootstock/rootstock")
+#: The built-in entries, shipped in the wheel beside this module.
+BUILTIN_CLUSTERS_FILE = Path(__file__).with_name("clusters.toml")
 
-BUILTIN_CLUSTERS: dict[str, Cluster] = {
-    c.name: c
-    for c in (
-        Cluster("della", Path("/scratch/gpfs/ROOTSTOCK/rootstock")),
-        Cluster("delta", Path("/projects/bhhl/rootstock")),
-        # Sophia and Polaris mount the same Eagle filesystem and share one install.
-        Cluster("sophia", _EAGLE_ROOT),
-        Cluster("polaris", _EAGLE_ROOT),
-        Cluster(
-            "perlmutter",
-            Path("/global/cfs/cdirs/m5268/rootstock"),
-            cache_root=Path("/pscratch/sd/o/oprice/rootstock-cache"),
-        ),
-        Cluster("aurora", Path("/lus/flare/projects/rootstock/rootstock")),
-    )
-}
+
+@functools.cache
+def builtin_clusters() -> dict[str, Cluster]:
+    """The built-in entries, read once on first use (not at import: every command
+    imports this module, and most never look at the registry). Do not modify it."""
+    return read_registry_file(BUILTIN_CLUSTERS_FILE)
 
 
 def load_registry() -> dict[str, Cluster]:
@@ -71,18 +63,31 @@ def load_registry() -> dict[str, Cluster]:
     the cluster-name rule is skipped with a
     :class:`~rootstock.names.StoredNameWarning`: no command could name it.
     """
-    registry = dict(BUILTIN_CLUSTERS)
+    registry = dict(builtin_clusters())
     path_text = os.environ.get(CLUSTERS_FILE_ENV)
     if not path_text:
         return registry
     path = Path(path_text).expanduser()
     try:
-        data = loads_toml(read_regular_file(path, SMALL_FILE_MAX_BYTES))
+        registry.update(read_registry_file(path))
     except FileNotFoundError:
         raise ConfigError(
             f"{CLUSTERS_FILE_ENV} names {path}, which does not exist",
             hint=f"create it or unset {CLUSTERS_FILE_ENV}",
         ) from None
+    return registry
+
+
+def read_registry_file(path: Path) -> dict[str, Cluster]:
+    """The entries of one registry file (the shipped one, or a site's), by name.
+
+    Raises :class:`FileNotFoundError` for a missing file, and :class:`ConfigError`
+    as :func:`load_registry` says.
+    """
+    try:
+        data = loads_toml(read_regular_file(path, SMALL_FILE_MAX_BYTES))
+    except FileNotFoundError:
+        raise
     except (OSError, ParseProblem) as exc:
         raise ConfigError(
             f"cannot read the cluster registry {path}: {exc}",
@@ -91,6 +96,7 @@ def load_registry() -> dict[str, Cluster]:
     entries = data.get("clusters", {})
     if not isinstance(entries, dict):
         raise ConfigError(f"{path}: [clusters] must be a table of tables", hint=_ENTRY_FORM)
+    registry: dict[str, Cluster] = {}
     from_file: dict[str, str] = {}
     for name, entry in entries.items():
         cluster = _registry_entry(path, name, entry)
@@ -173,27 +179,10 @@ def clusters_for_root(root: Path) -> list[Cluster]:
     return [c for c in load_registry().values() if _norm(c.root) == target]
 
 
+def sibling_names(root: Path) -> list[str]:
+    """The names of every registered cluster whose install root is ``root``, sorted."""
+    return sorted(c.name for c in clusters_for_root(root))
+
+
 def _norm(path: Path) -> str:
     return os.path.realpath(os.path.expanduser(str(path)))
-
-
-def default_cluster_name() -> str:
-    """The host's short name: what a cluster is called when nobody says otherwise."""
-    return socket.gethostname().split(".")[0].lower() or "local"
-
-
-def suggest_cluster(root: Path) -> str:
-    """The cluster name to offer for ``root``: the manifest's, the registry's, or the host's.
-
-    ``init`` offers it at its prompt, and ``install`` names the manifest it creates
-    on a root that ``init`` never saw with it.
-    """
-    # Imported here: install/manifest imports this module at its top.
-    from rootstock.install.layout import InstallLayout
-    from rootstock.install.manifest import load_manifest
-
-    served = load_manifest(InstallLayout(root, root)).get("clusters") or []
-    if served:
-        return str(served[0])
-    registered = clusters_for_root(root)
-    return registered[0].name if registered else default_cluster_name()

@@ -40,7 +40,10 @@ CONFIG_KEYS = (
     "api_url",
     "api_key",
     "api_secret",
+    "stage",
 )
+#: The values of ``stage``: how workers are staged on their node (docs/cold-start.md).
+STAGE_MODES = ("auto", "mount", "copy", "off")
 # The keys that hold text. ``root`` and ``cluster`` are text with rules of their own.
 STRING_KEYS = ("maintainer_name", "maintainer_email", "api_url", "api_key", "api_secret")
 BOOLEAN_KEYS = ("is_maintainer",)
@@ -75,6 +78,9 @@ def config_problem(key: str, value: Any) -> str | None:
         return "must not contain a NUL character"
     if key in BOOLEAN_KEYS and not isinstance(value, bool):
         return f"must be true or false, not {type_name(value)}"
+    if key == "stage" and not (isinstance(value, str) and value.strip().lower() in STAGE_MODES):
+        shown = repr(value) if isinstance(value, str) else type_name(value)
+        return f"must be one of {', '.join(STAGE_MODES)}, not {shown}"
     return None
 
 
@@ -148,6 +154,8 @@ def _key_form(key: str) -> str:
         return 'cluster = "name"'
     if key in BOOLEAN_KEYS:
         return f"{key} = true or {key} = false"
+    if key == "stage":
+        return 'stage = "auto" (or "mount", "copy", "off")'
     return f'{key} = "text"'
 
 

@@ -49,6 +49,7 @@ from rootstock.install.parsing import (
     read_regular_file,
     require_regular_file,
 )
+from rootstock.install.samples import path_to_pass, sample_declaring
 
 ENV_METADATA = "rootstock-env.json"
 _E = TypeVar("_E", bound=UsageError)
@@ -157,7 +158,7 @@ def load_installed_env(layout: InstallLayout, name: str) -> EnvFile:
             f"no env named {name!r} is installed in {layout.root}",
             hint=f"install it with `rootstock install environments/{name}.py`",
         )
-    parsed = _parse_built(path, name)
+    parsed = _parse_built(path, name, _kind_problem(path))
     if isinstance(parsed, BrokenEnv):
         raise parsed.error()
     return parsed
@@ -167,8 +168,8 @@ def scan_installed_envs(layout: InstallLayout) -> InstalledEnvs:
     """Every built env, each parsed or reported broken (with its recorded ids)."""
     found = InstalledEnvs()
     recorded: dict | None = None
-    for name in installed_env_names(layout):
-        parsed = _parse_built(layout.env_source(name), name)
+    for name, kind_problem in _built_sources(layout):
+        parsed = _parse_built(layout.env_source(name), name, kind_problem)
         if isinstance(parsed, EnvFile):
             found.envs.append(parsed)
             continue
@@ -189,20 +190,58 @@ def scan_installed_envs(layout: InstallLayout) -> InstalledEnvs:
     return found
 
 
+def _built_sources(layout: InstallLayout) -> list[tuple[str, ParseProblem | None]]:
+    """The envs :func:`installed_env_names` lists, each with what its ``env_source.py``
+    is when that is not a regular file.
+
+    Every calculator's start runs this, so each env costs one ``stat`` here and one
+    ``open`` to parse it: on a shared filesystem each path lookup is a round trip to
+    its metadata server (docs/cold-start.md).
+    """
+    try:
+        names = sorted(n for n in os.listdir(layout.envs_dir) if not n.startswith("."))
+    except OSError:
+        return []
+    sources: list[tuple[str, ParseProblem | None]] = []
+    for name in names:
+        path = layout.env_source(name)
+        try:
+            require_regular_file(path)  # a directory fails to read, a FIFO would block
+        except ParseProblem as exc:
+            sources.append((name, exc))
+            continue
+        except OSError:
+            # As installed_env_names: listed when anything is there (a dangling link,
+            # which the parse reports), not when nothing is (a build under way, a file).
+            if not os.path.lexists(path):
+                continue
+        sources.append((name, None))
+    return sources
+
+
 def load_installed_envs(layout: InstallLayout) -> tuple[list[EnvFile], list[str]]:
     """Every built env that parses, plus a warning line for each broken one."""
     found = scan_installed_envs(layout)
     return found.envs, found.warnings
 
 
-def _parse_built(path: Path, name: str) -> EnvFile | BrokenEnv:
-    """Parse a built ``env_source.py``: the env, or why it is broken."""
+def _kind_problem(path: Path) -> ParseProblem | None:
+    """What ``path`` is when it is not a regular file (a directory fails to read, a FIFO
+    would block); None when it is one, or when reading it will name the error."""
     try:
-        require_regular_file(path)  # a directory fails to read, a FIFO would block
+        require_regular_file(path)
     except ParseProblem as exc:
-        return BrokenEnv(name, path, 1, str(exc))
+        return exc
     except OSError:
-        pass  # parse_env_file names the read error
+        pass
+    return None
+
+
+def _parse_built(path: Path, name: str, kind_problem: ParseProblem | None) -> EnvFile | BrokenEnv:
+    """Parse a built ``env_source.py``: the env, or why it is broken (``kind_problem``:
+    what :func:`_kind_problem` found)."""
+    if kind_problem is not None:
+        return BrokenEnv(name, path, 1, str(kind_problem))
     try:
         env, problems = parse_env_file(path, name)
     except EnvFileError as exc:
@@ -388,6 +427,13 @@ def _not_declared(
     known = {cid for e in envs for cid in e.checkpoints}
     known.update(cid for b in found.broken for cid in b.recorded_ids)
     where = f"{layout.root}" + (f" for cluster {cluster!r}" if cluster else "")
+    sample = sample_declaring(checkpoint)
+    if sample is not None and sample.name not in found.names:
+        path = path_to_pass(sample.path)
+        return CheckpointNotDeclared(
+            f"checkpoint {checkpoint!r} is declared by {path}, which is not installed in {where}",
+            hint=f"rootstock install {path}",
+        )
     hint = "`rootstock list` shows every installed checkpoint id"
     if found.broken:
         # A broken env's ids are unknown beyond what the manifest recorded: the id

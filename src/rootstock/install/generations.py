@@ -1,8 +1,8 @@
 """Env generations (``envs/.<name>.<build-id>/``): which are in use, and claiming one.
 
 A running worker holds a shared ``lockf`` lock on its generation's
-:data:`~rootstock.worker.generation.GENERATION_LOCK` (see
-:mod:`rootstock.worker.generation`). Before ``install`` or ``prune`` renames or
+:data:`~rootstock.wire.generation.GENERATION_LOCK` (see
+:mod:`rootstock.wire.generation`). Before ``install`` or ``prune`` renames or
 deletes a generation it claims it with :func:`claim_generation`: an exclusive
 lock, taken without waiting. Refused means a worker runs from it: skip it.
 
@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rootstock.worker.generation import GENERATION_LOCK
+from rootstock.wire.generation import GENERATION_LOCK
 
 __all__ = [
     "GENERATION_LOCK",

@@ -135,8 +135,13 @@ def choose_interpreter(
     origin: str,
     explicit: str | None = None,
     verbose: bool = False,
+    shared: bool = True,
 ) -> InterpreterChoice:
-    """Pick the base interpreter for an env, in the documented order."""
+    """Pick the base interpreter for an env, in the documented order.
+
+    On a ``shared`` root, one that others cannot execute draws a warning; a private
+    root's envs need work only for their owner.
+    """
     spec = _specifier(requires_python, origin)
     notes: list[str] = []
     if explicit:
@@ -144,7 +149,7 @@ def choose_interpreter(
     else:
         managed = _managed(layout, requires_python, notes, verbose)
         interp = managed if managed is not None else _local(spec, requires_python, origin, notes)
-    if not interp.world_usable:
+    if shared and not interp.world_usable:
         notes.append(
             f"warning: {interp.path} is not executable by other users (a private home "
             "directory?); envs built on it are unusable by everyone else on a shared "

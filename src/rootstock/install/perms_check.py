@@ -32,6 +32,7 @@ from pathlib import Path
 
 from rootstock.install.acl import Acl, AclUnsupported, perm_text, read_acl
 from rootstock.install.envs import ENV_METADATA
+from rootstock.install.images import IMAGE_NAME
 from rootstock.install.layout import InstallLayout
 from rootstock.install.parsing import loads_json
 from rootstock.install.perms import SPOOL_MODE, dir_acl, usage_disabled_marker, validate_group
@@ -329,6 +330,9 @@ def _check_contents(check: _Checker, layout: InstallLayout) -> None:
         check.readable(env_dir, directory=True)
         for filename in _ENV_FILES:
             check.readable(env_dir / filename, directory=False)
+        if (env_dir / IMAGE_NAME).exists():
+            # Every user's worker stages from it (docs/cold-start.md).
+            check.readable(env_dir / IMAGE_NAME, directory=False)
         for interpreter in _env_interpreters(env_dir):
             check.executable(interpreter, name)
 

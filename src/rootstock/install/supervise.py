@@ -10,7 +10,7 @@ directory nobody would ever use. Every subprocess of a build therefore runs as::
 The supervisor starts CMD in a new session (so CMD and everything it spawns form
 one process group), relays CMD's exit status, forwards SIGTERM, SIGINT and SIGHUP
 to the group, and ends the group (SIGTERM, then SIGKILL after
-:data:`KILL_GRACE_S`) when the lifeline (:mod:`rootstock.runtime.lifeline`)
+:data:`KILL_GRACE_S`) when the lifeline (:mod:`rootstock.wire.lifeline`)
 reaches end-of-file, that is when the starter is gone however it died. When CMD
 exits, leftover members of its group are ended the same way.
 
@@ -38,7 +38,7 @@ if __name__ == "__main__" and not __package__:
     # Run by path under -I (supervisor_command): import the rootstock this file is part of.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from rootstock.runtime.lifeline import (
+from rootstock.wire.lifeline import (
     LIFELINE_OPTION,
     Lifeline,
     watch_lifeline,

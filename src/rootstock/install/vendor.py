@@ -22,9 +22,7 @@ _ZIP_DATE = (2020, 1, 1, 0, 0, 0)
 
 
 def _package_files() -> list[tuple[str, bytes]]:
-    import rootstock
-
-    package_dir = Path(rootstock.__file__).parent
+    package_dir = Path(__file__).resolve().parents[1]
     files = []
     for path in sorted(package_dir.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
@@ -40,7 +38,7 @@ def _record_hash(data: bytes) -> str:
 
 def build_wheel_bytes() -> tuple[str, bytes]:
     """Return ``(filename, bytes)`` of a wheel of the running rootstock."""
-    from rootstock import __version__
+    from rootstock.version import __version__
 
     files = _package_files()
     content_hash = hashlib.sha256()

@@ -22,7 +22,7 @@ require_extra("atomate2", ("atomate2", "jobflow"))
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime import RootstockCalculator
 
 # Imported by name so that mypy, in an env without atomate2, sees them as Any.
 _jobs: Any = importlib.import_module("atomate2.forcefields.jobs")
@@ -58,7 +58,7 @@ class _RootstockMaker:
 
     def _get_calculator(self) -> RootstockCalculator:
         """A RootstockCalculator for this maker's checkpoint (atomate2 caches it)."""
-        from rootstock.runtime.calculator import RootstockCalculator
+        from rootstock.runtime import RootstockCalculator
 
         kwargs: dict[str, Any] = dict(getattr(self, "calculator_kwargs", {}) or {})
         kwargs.update(

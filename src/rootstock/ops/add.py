@@ -26,12 +26,8 @@ from rootstock.install import Reporter
 from rootstock.install.envfile import is_custom_id
 from rootstock.install.envs import resolve_checkpoint
 from rootstock.install.layout import InstallLayout
-from rootstock.install.manifest import (
-    Verification,
-    load_manifest,
-    record_fetch,
-    resolve_cluster,
-)
+from rootstock.install.machine import resolve_cluster
+from rootstock.install.manifest import Verification, load_manifest, record_fetch
 from rootstock.install.perms import maintainer_umask
 from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, VerifyOutcome, verify_and_record
 
@@ -104,7 +100,7 @@ def fetch_checkpoint(
 
     Returns the seconds taken and the paths the ``download()`` hook returned.
     """
-    from rootstock.runtime.spawn import run_download
+    from rootstock.runtime import run_download
 
     start = time.monotonic()
     returned = run_download(
@@ -255,6 +251,7 @@ def add(
     kwargs: dict[str, Any] | None = None,
     verify: bool = True,
     verify_timeout: float = DEFAULT_VERIFY_TIMEOUT,
+    download_timeout: float = DEFAULT_DOWNLOAD_TIMEOUT,
     force: bool = False,
     accept_drift: bool = False,
     step: Reporter = lambda _msg: None,
@@ -277,7 +274,9 @@ def add(
     with maintainer_umask():
         if force or not fetched:
             step(f"{checkpoint}: downloading on the CPU (network allowed)")
-            fetch = fetch_and_record(layout, env.name, checkpoint, download_kwargs)
+            fetch = fetch_and_record(
+                layout, env.name, checkpoint, download_kwargs, download_timeout
+            )
             download_seconds, files, downloaded = fetch.seconds, fetch.files, True
         else:
             step(f"{checkpoint}: already fetched; skipping the download")

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,8 +30,7 @@ from rootstock.ops import benchmark_probe
 from rootstock.ops.benchmark_probe import WALK_SEED, WALK_STEP, one_call, walk
 from rootstock.ops.benchmark_system import BenchmarkSystem, parse_setup_kwargs, parse_system
 from rootstock.ops.checkpoints import require_fetched
-from rootstock.runtime.session import FORWARDED_ARRAYS
-from rootstock.runtime.spec import WorkerOptions, WorkerSpec, resolve_worker_spec
+from rootstock.runtime import FORWARDED_ARRAYS, WorkerOptions, WorkerSpec, resolve_worker_spec
 
 DEFAULT_SYSTEM = "Cu:256"
 DEFAULT_CALLS = 100
@@ -115,7 +112,7 @@ class BenchmarkReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document (shape in docs/benchmark.md)."""
-        from rootstock import __version__
+        from rootstock.version import __version__
 
         return {
             "rootstock": __version__,
@@ -141,7 +138,7 @@ def time_calculator(
 ) -> RunTiming:
     """The walk through RootstockCalculator; start-up counts from before the spawn."""
     from rootstock.install.usage import entry_point
-    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime import RootstockCalculator
 
     atoms = system.atoms.copy()
     energies, times = [], []
@@ -196,49 +193,20 @@ def time_in_env(
     spec: WorkerSpec, system: BenchmarkSystem, warmup: int, calls: int, timeout: float
 ) -> RunTiming:
     """The walk in the env's own Python, with the environment a worker gets."""
-    from rootstock.runtime.lifeline import Lifeline, script_command
-    from rootstock.runtime.server import make_private_dir
-    from rootstock.runtime.session import describe_exit
-    from rootstock.runtime.spawn import WorkerProcess, worker_environment
+    from rootstock.runtime import describe_exit, make_private_dir, spawn_env_script
 
     run_dir = make_private_dir("rootstock-bench-")
     try:
         request_file, result_file = run_dir / "request.json", run_dir / "result.json"
         request_file.write_text(json.dumps(probe_request(spec, system, warmup, calls)))
-        log_path = run_dir / "probe.log"
-        # The probe dies with us (the lifeline runner), like a worker; it runs by
-        # path, so an env built by an older rootstock needs nothing new.
-        lifeline = Lifeline()
-        argv = script_command(
-            str(spec.python),
-            lifeline.child_fd,
-            str(Path(benchmark_probe.__file__).resolve()),
-            [str(request_file), str(result_file)],
-        )
-        env = worker_environment(spec.layout, spec.env_name, offline=True)
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         started = time.monotonic()
-        try:
-            popen = subprocess.Popen(
-                argv,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                pass_fds=(lifeline.child_fd,),
-                start_new_session=True,  # stop() kills whatever the model started
-            )
-        except OSError as exc:
-            lifeline.close()
-            raise WorkerError(
-                f"cannot run the env's Python {spec.python}: {exc}",
-                hint=f"rebuild the env: rootstock install {spec.env_name} --force",
-            ) from None
-        finally:
-            os.close(fd)
-        lifeline.child_started()
-        process = WorkerProcess(popen, "capture", log_path, lifeline=lifeline)
+        # The probe dies with us (the lifeline runner), like a worker.
+        process = spawn_env_script(
+            spec,
+            Path(benchmark_probe.__file__).resolve(),
+            [str(request_file), str(result_file)],
+            log_path=run_dir / "probe.log",
+        )
         try:
             if not process.wait_exit(timeout):
                 raise WorkerTimeout(

@@ -15,7 +15,8 @@ from rootstock.install.envs import (
     scan_installed_envs,
 )
 from rootstock.install.layout import InstallLayout
-from rootstock.install.manifest import Manifest, load_manifest, resolve_cluster
+from rootstock.install.machine import resolve_cluster
+from rootstock.install.manifest import Manifest, load_manifest
 from rootstock.ops.status import serves_on, variant_ids
 
 

@@ -338,7 +338,7 @@ def _attempt(
     method: str, url: str, body: bytes, headers: Mapping[str, str], timeout: float
 ) -> Attempt:
     """One request, as an :data:`Attempt`."""
-    from rootstock import __version__
+    from rootstock.version import __version__
 
     request = urllib.request.Request(url, data=body, method=method)
     request.add_header("Content-Type", "application/json")

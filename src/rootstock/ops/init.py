@@ -7,15 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from rootstock.errors import RootstockError
-from rootstock.install.clusters import suggest_cluster
 from rootstock.install.config import config_path, load_config, save_config
 from rootstock.install.layout import (
     InstallLayout,
     read_layout,
-    resolve_cache_root,
+    set_layout_images,
+    update_layout,
     write_layout,
 )
+from rootstock.install.machine import resolve_cache_root, suggest_cluster
 from rootstock.install.perms import maintainer_umask
+from rootstock.install.sharing import SHARED_KEY, root_is_shared, sharing_default
 
 # What marks a root as already in use: init must not overwrite any of it.
 _STATE_NAMES = ("layout.json", "manifest.json", "envs", "environments")
@@ -34,6 +36,11 @@ class InitRequest:
     api_key: str | None = None
     api_secret: str | None = None
     force: bool = False
+    #: Whether builds pack an image (layout.json ``images``); None leaves it as it is.
+    images: bool | None = None
+    #: Whether others use the root (layout.json ``shared``); None: the default for
+    #: a new root (:func:`~rootstock.install.sharing.sharing_default`), else as it is.
+    shared: bool | None = None
 
 
 @dataclass
@@ -44,6 +51,8 @@ class InitResult:
     cache_root: Path
     cluster: str
     config_file: Path
+    images: bool = True
+    shared: bool = False
     created: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -55,6 +64,8 @@ class InitResult:
             "cache_root": str(self.cache_root),
             "cluster": self.cluster,
             "config_file": str(self.config_file),
+            "images": self.images,
+            "shared": self.shared,
             "created": self.created,
             "kept": self.kept,
             "notes": self.notes,
@@ -88,14 +99,28 @@ def init_root(request: InitRequest) -> InitResult:
         layout_data = read_layout(root) if root.exists() else None
         requested = request.cache_root.expanduser().absolute() if request.cache_root else None
         if layout_data is None:
+            # Judged before mkdir: a root made here under umask 002 is group-writable.
+            shared = _new_root_shared(root, request.shared, result.notes)
             root.mkdir(parents=True, exist_ok=True)
             # Declare what the install uses: the requested cache root, else (for a
             # legacy or registered root) the registry's entry, else the root itself.
             cache = resolve_cache_root(root, requested, request.cluster)
-            write_layout(root, None if cache == root else cache)
+            write_layout(root, None if cache == root else cache, request.images, shared)
             result.created.append("layout.json")
         else:
             result.kept.append("layout.json")
+            if request.images is not None and layout_data.get("images", True) != request.images:
+                set_layout_images(root, request.images)
+                result.notes.append(
+                    f"images are now {'on' if request.images else 'off'} for new builds "
+                    "(layout.json); existing builds keep what they have until rebuilt"
+                )
+            if request.shared is not None and layout_data.get(SHARED_KEY) != request.shared:
+                update_layout(root, shared=request.shared)
+                result.notes.append(
+                    f"the root is now recorded as {'shared' if request.shared else 'private'} "
+                    "(layout.json)"
+                )
             declared = resolve_cache_root(root)
             if requested and requested != declared:
                 result.notes.append(
@@ -104,6 +129,8 @@ def init_root(request: InitRequest) -> InitResult:
                 )
         layout = InstallLayout(root, resolve_cache_root(root))
         result.cache_root = layout.cache_root
+        result.images = (read_layout(root) or {}).get("images", True) is not False
+        result.shared = root_is_shared(layout)
         for directory in (
             layout.environments_dir,
             layout.envs_dir,
@@ -126,6 +153,20 @@ def init_root(request: InitRequest) -> InitResult:
             result.created.append("manifest.json")
     _save_user_config(request, root, cluster)
     return result
+
+
+def _new_root_shared(root: Path, asked: bool | None, notes: list[str]) -> bool:
+    """``asked``, else the default for ``root``; where there is none, shared, with a note."""
+    if asked is not None:
+        return asked
+    default = sharing_default(root)
+    if default.shared is not None:
+        return default.shared
+    notes.append(
+        f"recorded {root} as shared ({default.reason}): permission problems draw a "
+        "warning; `rootstock init --force --private` if only you use it"
+    )
+    return True
 
 
 def _save_user_config(request: InitRequest, root: Path, cluster: str) -> None:

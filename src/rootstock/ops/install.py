@@ -20,6 +20,7 @@ from rootstock.install.build import (
     remove_claimed,
     root_lock,
 )
+from rootstock.install.dry_run import InstallPlan, plan_files
 from rootstock.install.envfile import EnvFile, id_conflicts, read_env_file
 from rootstock.install.envs import installed_env_names, load_installed_envs, read_env_metadata
 from rootstock.install.interpreters import (
@@ -29,7 +30,7 @@ from rootstock.install.interpreters import (
 )
 from rootstock.install.layout import InstallLayout, read_layout, write_layout
 from rootstock.install.perms import maintainer_umask
-from rootstock.install.plan import InstallPlan, plan_files
+from rootstock.install.sharing import root_is_shared
 
 
 @dataclass
@@ -43,6 +44,14 @@ class InstallOutcome:
     versions: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     error: RootstockError | None = None
+    #: Notes already given to the ``step`` reporter as they happened (the
+    #: interpreter's): part of the outcome, but a renderer need not repeat them.
+    reported: list[str] = field(default_factory=list)
+
+    @property
+    def all_notes(self) -> list[str]:
+        """The reported notes, then the others."""
+        return [*self.reported, *self.notes]
 
     def to_dict(self) -> dict[str, Any]:
         """One entry of ``install --json``."""
@@ -52,7 +61,7 @@ class InstallOutcome:
             "env_dir": str(self.env_dir) if self.env_dir else None,
             "interpreter": self.interpreter,
             "versions": self.versions,
-            "notes": self.notes,
+            "notes": self.all_notes,
             "error": str(self.error) if self.error else None,
         }
 
@@ -187,7 +196,7 @@ def _prepare_root(layout: InstallLayout, cluster: str | None) -> None:
                 write_layout(layout.root, cache)
     if not layout.manifest_file.exists():
         # Every install has a manifest, even on a root that `init` never saw.
-        from rootstock.install.clusters import suggest_cluster
+        from rootstock.install.machine import suggest_cluster
         from rootstock.install.manifest import ensure_manifest
 
         ensure_manifest(layout, [cluster or suggest_cluster(layout.root)])
@@ -271,7 +280,8 @@ def install_one(
         layout.env_dir(name),
         result.metadata["interpreter"],
         result.metadata["versions"],
-        notes=[*choice[1], *result.warnings],
+        notes=result.warnings,
+        reported=choice[1],
     )
 
 
@@ -295,7 +305,9 @@ def _interpreter_for(
                 interp.version, prereleases=True
             ):
                 return interp, [f"reusing the recorded interpreter {interp.path}"]
-    choice = choose_interpreter(layout, env.requires_python, str(env.path), python, verbose)
+    choice = choose_interpreter(
+        layout, env.requires_python, str(env.path), python, verbose, root_is_shared(layout)
+    )
     return choice.interpreter, choice.notes
 
 
@@ -315,5 +327,6 @@ def _record_build(layout: InstallLayout, name: str, metadata: dict[str, Any]) ->
             "python_path": (metadata.get("interpreter") or {}).get("path"),
             "torch": versions.get("torch"),
             "rootstock": versions.get("rootstock"),
+            "image": metadata.get("image"),
         },
     )

@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rootstock.errors import LayoutError
-from rootstock.install.layout import InstallLayout, resolve_cache_root, resolve_root
+from rootstock.errors import LayoutError, RootstockError
+from rootstock.install.layout import InstallLayout, read_layout, update_layout
+from rootstock.install.machine import resolve_cache_root, resolve_root
 from rootstock.install.perms import (
     PermCommand,
     PermRecipe,
@@ -19,6 +20,7 @@ from rootstock.install.perms import (
     missing_tools_note,
 )
 from rootstock.install.perms_check import PermReport, check_perms
+from rootstock.install.sharing import SHARED_KEY, root_is_shared
 
 _OUTPUT_TAIL = 4000
 
@@ -44,6 +46,7 @@ class SetupResult:
     ran: list[CommandRun] = field(default_factory=list)
     not_run: list[PermCommand] = field(default_factory=list)
     report: PermReport | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> CommandRun | None:
@@ -130,7 +133,8 @@ def apply_setup(
     The commands run with umask 002, so whatever ``mkdir -p`` creates above the
     roots is world-traversable. A program missing from ``PATH`` (``setfacl``, from
     the ``acl`` package) raises :class:`~rootstock.install.perms.PermToolMissing`
-    before the first command, rather than half-applying the recipe.
+    before the first command, rather than half-applying the recipe. A recipe that
+    ran to the end records the root as shared in its ``layout.json``, if it has one.
     """
     require_tools(recipe)
     result = SetupResult(recipe)
@@ -143,12 +147,35 @@ def apply_setup(
             if not run.ok:
                 result.not_run = list(recipe.commands[index + 1 :])
                 break
+        if result.failed is None:
+            _record_shared(layout, result.notes)
     finally:
         os.umask(previous)
     result.report = check_perms(layout, recipe.group, full=True)
     return result
 
 
+def _record_shared(layout: InstallLayout, notes: list[str]) -> None:
+    """Record ``"shared": true`` in an existing ``layout.json`` (``init`` sees a root
+    made by setup-perms as shared from its setgid bit, so a missing one is fine)."""
+    try:
+        data = read_layout(layout.root)
+        if data is not None and data.get(SHARED_KEY) is not True:
+            update_layout(layout.root, shared=True)
+    except (OSError, RootstockError) as exc:
+        notes.append(
+            f"could not record the root as shared in {layout.layout_file}: {exc}; "
+            f"`rootstock init --root {layout.root} --force --shared` does it"
+        )
+
+
 def check(layout: InstallLayout, group: str | None = None, full: bool = True) -> PermReport:
     """The read-only check (``full`` for check-perms, quick for install's warning)."""
     return check_perms(layout, group, full=full)
+
+
+def problems_for_others(layout: InstallLayout) -> PermReport | None:
+    """Install's up-front check: the quick report on a shared root, None on a private one."""
+    if not root_is_shared(layout):
+        return None
+    return check_perms(layout, full=False)

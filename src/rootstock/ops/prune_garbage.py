@@ -21,7 +21,7 @@ from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import Manifest
 from rootstock.install.parsing import loads_json
 from rootstock.install.prune_journal import freed_by
-from rootstock.ops.prune_plan import Listed, PruneEntry, PrunePlan, old_enough, root_relative
+from rootstock.ops.prune_entries import Listed, PruneEntry, PrunePlan, old_enough, root_relative
 
 
 def plan_garbage(

@@ -9,6 +9,9 @@ generations a worker runs from are reported as kept, never listed for deletion.
 
 A SOURCE any of whose env files fails the lint refuses the whole plan: a converging
 command that skipped an unreadable file would prune the env it declares.
+
+The plan's types live in :mod:`rootstock.ops.prune_entries`, which the garbage
+planner (:mod:`rootstock.ops.prune_garbage`) builds on too.
 """
 
 from __future__ import annotations
@@ -16,165 +19,24 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Any, Protocol
+from pathlib import Path
 
 from rootstock.errors import EnvFileError, SourceError, UsageError
 from rootstock.install.envfile import EnvFile, is_custom_id, parse_env_file, read_env_file
 from rootstock.install.envs import InstalledEnvs, scan_installed_envs
 from rootstock.install.layout import InstallLayout
-from rootstock.install.manifest import Manifest, load_manifest, resolve_cluster, served_clusters
+from rootstock.install.machine import resolve_cluster, served_clusters
+from rootstock.install.manifest import Manifest, load_manifest
 from rootstock.install.prune_journal import env_generations, freed_by, read_journal, safe_relative
+from rootstock.ops.prune_entries import DeclaredSource, Listed, PruneEntry, PrunePlan, root_relative
+from rootstock.ops.prune_garbage import plan_garbage, plan_uv_cache
 
 #: ``--min-age``'s default: garbage younger than a day may belong to work in progress.
 DEFAULT_MIN_AGE_S = 24 * 3600.0
-#: Entry kinds, in the order the plan lists them.
-ENTRY_KINDS = (
-    "env",
-    "checkpoint",
-    "staging",
-    "generation",
-    "interpreter",
-    "lockfile",
-    "unattributed",
-    "uv-cache",
-)
-GARBAGE_KINDS = frozenset(ENTRY_KINDS[2:])
 RecordKey = tuple[str, str]  # (env, checkpoint id)
 
 
-class DeclaredSource(Protocol):
-    """What the planner needs of an opened SOURCE (:class:`rootstock.ops.sources.EnvSource`)."""
-
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def files(self) -> list[Path]: ...
-
-
-@dataclass
-class PruneEntry:
-    """One thing the plan deletes (or, in ``kept``, reports and leaves).
-
-    ``name`` is an env name, a checkpoint id, or a path relative to the root
-    (``cache/...`` and ``home/...`` for unattributed content, relative to the cache
-    root). ``paths`` are what goes; for a checkpoint, its files (relative to the
-    cache root). ``bytes`` is None where it is known only afterwards (uv's cache).
-    """
-
-    kind: str
-    name: str
-    reason: str
-    bytes: int | None = 0
-    paths: list[str] = field(default_factory=list)
-    env: str | None = None
-    shared: list[str] = field(default_factory=list)  # a checkpoint's files that stay
-    count: int | None = None  # unattributed: how many files
-    registered: list[str] = field(default_factory=list)  # an env's files in environments/
-    members: list[Path] = field(default_factory=list, repr=False)  # what execution deletes
-
-    @property
-    def key(self) -> tuple[str, str | None, str]:
-        """What identifies the entry between the confirmed plan and the fresh one."""
-        return (self.kind, self.env, self.name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """One entry of ``prune --json``'s ``entries`` or ``kept`` (docs/cli.md)."""
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "env": self.env,
-            "reason": self.reason,
-            "bytes": self.bytes,
-            "paths": list(self.paths),
-            "shared": list(self.shared),
-            "count": self.count,
-        }
-
-
-@dataclass
-class Unattributed:
-    """Content under ``cache/`` and ``home/`` that no checkpoint record lists."""
-
-    files: int = 0
-    bytes: int = 0
-    young: int = 0  # of them, younger than --min-age
-    dirs: dict[str, list[int]] = field(default_factory=dict)  # top dir -> [files, bytes]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "files": self.files,
-            "bytes": self.bytes,
-            "young_files": self.young,
-            "dirs": [
-                {"path": top, "files": n, "bytes": size}
-                for top, (n, size) in sorted(self.dirs.items())
-            ],
-        }
-
-
-@dataclass
-class PrunePlan:
-    """What one prune would delete, what it keeps, and why."""
-
-    root: Path
-    cache_root: Path
-    cluster: str | None
-    source: DeclaredSource | None
-    deep: bool
-    min_age_s: float
-    cluster_arg: str | None = None
-    entries: list[PruneEntry] = field(default_factory=list)
-    kept: list[PruneEntry] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    unattributed: Unattributed = field(default_factory=Unattributed)
-    pending_journal: bool = False
-
-    @property
-    def bytes(self) -> int:
-        """What the entries free, as far as it is known before deleting."""
-        return sum(e.bytes or 0 for e in self.entries)
-
-    @property
-    def empty(self) -> bool:
-        """Nothing to delete (uv's cache alone is never pruned) and no journal owed."""
-        return not self.pending_journal and all(e.kind == "uv-cache" for e in self.entries)
-
-    def counts(self) -> dict[str, int]:
-        """How many entries of each kind."""
-        return {k: n for k in ENTRY_KINDS if (n := sum(e.kind == k for e in self.entries))}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``plan`` of ``prune --json`` (docs/cli.md)."""
-        source = self.source
-        return {
-            "root": str(self.root),
-            "cache_root": str(self.cache_root),
-            "cluster": self.cluster,
-            "source": {"label": source.label, "kind": source.kind} if source else None,
-            "deep": self.deep,
-            "min_age_hours": self.min_age_s / 3600,
-            "pending_journal": self.pending_journal,
-            "entries": [e.to_dict() for e in self.entries],
-            "kept": [e.to_dict() for e in self.kept],
-            "unattributed": self.unattributed.to_dict(),
-            "notes": list(self.notes),
-            "bytes": self.bytes,
-            "counts": self.counts(),
-        }
-
-
 # --- pure rules (unit-tested) ---------------------------------------------------------
-
-
-def old_enough(mtime: float, now: float, min_age_s: float) -> bool:
-    """The age rule of every garbage entry: at least ``min_age_s`` old."""
-    return now - mtime >= min_age_s
 
 
 def other_clusters_served(
@@ -194,29 +56,6 @@ def other_clusters_served(
     if this_cluster is not None and this_cluster.lower() in mine:
         return []
     return sorted(mine & {c.lower() for c in served})
-
-
-class Listed:
-    """A set of listed paths, indexed once so that :meth:`covers` is quick.
-
-    A prune asks about every attributed file and every file under cache/ and home/:
-    scanning the whole list per question would make a large install quadratic.
-    """
-
-    def __init__(self, paths: set[str]) -> None:
-        self.paths = paths
-        self.parents = {
-            str(PurePosixPath(*parts[:i]))
-            for parts in (PurePosixPath(p).parts for p in paths)
-            for i in range(1, len(parts))
-        }
-
-    def covers(self, path: str) -> bool:
-        """``path`` is listed, lies under a listed directory, or holds a listed file."""
-        if path in self.paths or path in self.parents:
-            return True
-        parts = PurePosixPath(path).parts
-        return any(str(PurePosixPath(*parts[:i])) in self.paths for i in range(1, len(parts)))
 
 
 def covers(path: str, listed: set[str]) -> bool:
@@ -344,9 +183,6 @@ def plan_prune(
     installed = scan_installed_envs(layout)
     pruned = _plan_envs(layout, plan, declared, manifest, installed, explicit, this_cluster, served)
     _plan_checkpoints(layout, plan, declared, manifest, pruned)
-    # Imported here: the garbage planners build on this module's entries and rules.
-    from rootstock.ops.prune_garbage import plan_garbage, plan_uv_cache
-
     plan_garbage(layout, plan, manifest, pruned, now)
     journal = read_journal(layout)
     if journal:
@@ -389,10 +225,6 @@ def _link_names(layout: InstallLayout) -> set[str]:
             if p.is_symlink() and not p.name.startswith(".")
         }
     return set()
-
-
-def root_relative(layout: InstallLayout, path: Path) -> str:
-    return str(path.relative_to(layout.root))
 
 
 def _plan_envs(

@@ -24,16 +24,10 @@ from rootstock.errors import PushError, PushNotConfigured
 from rootstock.install.config import config_path, load_config
 from rootstock.install.envfile import source_hash
 from rootstock.install.layout import InstallLayout
-from rootstock.install.manifest import (
-    MANIFEST_VERSION,
-    Manifest,
-    cluster_view,
-    load_manifest,
-    normalize_cluster,
-    resolve_cluster,
-    served_clusters,
-)
+from rootstock.install.machine import resolve_cluster, served_clusters
+from rootstock.install.manifest import MANIFEST_VERSION, Manifest, cluster_view, load_manifest
 from rootstock.install.usage import COUNT_MAX
+from rootstock.names import cluster_name
 from rootstock.ops.http_client import (
     Deadline,
     HttpOutcome,
@@ -165,7 +159,7 @@ def manifest_payloads(
     """
     data = manifest if manifest is not None else load_manifest(layout)
     names = (
-        [normalize_cluster(c) for c in clusters]
+        [cluster_name(c) for c in clusters]
         if clusters is not None
         else served_clusters(layout, data)
     )

@@ -2,7 +2,8 @@
 
 The worker connects to the server's Unix socket as a standard i-PI client (it
 never binds), retrying until the server is up. Standard servers send no species,
-so ``structure`` names an ASE-readable file that supplies them (and the PBC).
+so ``structure`` (required) names an ASE-readable file that supplies them (and the
+PBC).
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from typing import Any
 from rootstock.errors import UsageError, WorkerError
 from rootstock.install.usage import start_session_usage
 from rootstock.names import device_name
-from rootstock.runtime.session import describe_exit
-from rootstock.runtime.spawn import spawn_worker
-from rootstock.runtime.spec import WorkerOptions, resolve_worker_spec
+from rootstock.runtime import WorkerOptions, describe_exit, resolve_worker_spec, spawn_worker
 
 # Linux's sockaddr_un.sun_path is 108 bytes, the last of them the terminating NUL;
 # connect() on a longer path fails inside the worker, after the model is loaded.
@@ -53,7 +52,8 @@ def serve(
     output goes to stderr (or ``$ROOTSTOCK_WORKER_LOG``). Raises
     :class:`WorkerError` when the worker ends with a non-zero status; a device
     string or socket path that can never work is a :class:`UsageError` before the
-    install is read or anything is started.
+    install is read or anything is started. A missing ``structure`` is one too,
+    raised before the worker starts: standard servers send no species.
     """
     device = device_name(options.device)
     socket_file = check_socket_path(socket_path)
@@ -63,11 +63,18 @@ def serve(
             f"the socket's directory {socket_file.parent} does not exist",
             hint="pass the path the i-PI server binds, e.g. /tmp/ipi_NAME for address NAME",
         )
-    structure_file = None
-    if structure is not None:
-        structure_file = Path(structure).expanduser().absolute()
-        if not structure_file.is_file():
-            raise UsageError(f"structure file {structure_file} does not exist")
+    if structure is None:
+        # Refused here, not at the first POSDATA: the worker would exit 1 there and
+        # leave the server waiting for a client that never comes back.
+        raise UsageError(
+            "no --structure: a standard i-PI server sends no species, so the worker "
+            "could not compute anything it is sent",
+            hint="pass --structure FILE, an ASE-readable file with the species and PBC "
+            "(the server must send the atoms in the file's order)",
+        )
+    structure_file = Path(structure).expanduser().absolute()
+    if not structure_file.is_file():
+        raise UsageError(f"structure file {structure_file} does not exist")
     process = spawn_worker(
         spec,
         socket_path=socket_file,

@@ -37,7 +37,7 @@ from typing import Any
 from rootstock.errors import SourceError, UsageError
 from rootstock.install.layout import InstallLayout
 from rootstock.install.supervise import run_supervised
-from rootstock.runtime.server import make_private_dir
+from rootstock.runtime import make_private_dir
 
 __all__ = [
     "GIT_SCHEMES",

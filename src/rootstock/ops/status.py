@@ -19,7 +19,8 @@ from rootstock.install.envfile import EnvFile, is_custom_id, source_hash
 from rootstock.install.envs import BrokenEnv, read_env_metadata, scan_installed_envs
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import probe_lock
-from rootstock.install.manifest import Manifest, checkpoint_state, load_manifest, served_clusters
+from rootstock.install.machine import served_clusters
+from rootstock.install.manifest import Manifest, checkpoint_state, load_manifest
 
 
 class CheckpointRow(TypedDict):

@@ -32,12 +32,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rootstock.errors import RootstockError, SourceError, UsageError
+from rootstock.install.dry_run import read_for_plan
 from rootstock.install.envfile import EnvFile
 from rootstock.install.envs import load_installed_env, read_env_metadata, scan_installed_envs
 from rootstock.install.layout import InstallLayout
-from rootstock.install.manifest import device_kind, load_manifest, resolve_cluster
+from rootstock.install.machine import resolve_cluster
+from rootstock.install.manifest import device_kind, load_manifest
 from rootstock.install.perms import maintainer_umask
-from rootstock.install.plan import read_for_plan
 from rootstock.install.prune_journal import CarriedOut, finish_pending_prune
 from rootstock.ops.sources import EnvSource
 from rootstock.ops.sync_plan import (
@@ -71,6 +72,8 @@ class SyncRun:
     verify_jobs: int = 1
     fail_fast: bool = False
     upgrade: bool = False
+    #: Pack images of the builds: None follows the root (``images`` in layout.json).
+    image: bool | None = None
 
 
 @dataclass
@@ -198,7 +201,7 @@ def read_install_state(
     The cluster is resolved as ``add`` does when ``verifying`` (a shared install
     needs ``--cluster``); otherwise a cluster that cannot be told is None.
     """
-    from rootstock import __version__
+    from rootstock.version import __version__
 
     manifest = load_manifest(layout)
     if verifying or cluster:
@@ -322,7 +325,7 @@ class _Executor:
         self.failed_builds: dict[str, str] = {}
         self.failed_downloads: set[tuple[str, str | None]] = set()
         self.slots: queue.Queue[str] = queue.Queue()
-        from rootstock.ops.smoke_test import device_slots
+        from rootstock.ops.smoke import device_slots
 
         for slot in device_slots(run.device, run.verify_jobs):
             self.slots.put(slot)
@@ -409,11 +412,11 @@ class _Executor:
             self.layout,
             item.path,
             item.force,
-            BuildOptions(upgrade=self.run_options.upgrade),
+            BuildOptions(upgrade=self.run_options.upgrade, image=self.run_options.image),
             None,
             lambda message: self.hooks.on_item_step(item, message),
         )
-        return ItemResult(item, "done", message="; ".join(outcome.notes) or None)
+        return ItemResult(item, "done", message="; ".join(outcome.all_notes) or None)
 
     def _download(self, item: PlanItem) -> ItemResult:
         assert item.checkpoint is not None  # the planner gives every download an id

@@ -11,13 +11,14 @@ that silently changes the physics shows up as *drifted*.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rootstock.errors import RootstockError, WorkerDiedError, WorkerError
+from rootstock.errors import DeviceNotVisible, RootstockError, WorkerDiedError, WorkerError
 from rootstock.install.envfile import EnvFile
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import (
@@ -27,15 +28,22 @@ from rootstock.install.manifest import (
     record_verification,
 )
 from rootstock.install.usage import entry_point
+from rootstock.names import is_device_name
 from rootstock.ops.checkpoints import build_snapshot
 
 if TYPE_CHECKING:
     import numpy as np
     from ase import Atoms
 
-    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime import RootstockCalculator
 
 DEFAULT_VERIFY_TIMEOUT = 600.0
+# Python's own words when a call to setup() lacks one of its parameters: the only
+# failure that a VERIFY_KWARGS entry can fix.
+_MISSING_SETUP_ARGUMENT = re.compile(
+    r"failed in setup\(\): TypeError: setup\(\) missing \d+ required "
+    r"(?:positional |keyword-only |keyword )?arguments?: "
+)
 
 
 def default_reference() -> dict[str, Any]:
@@ -98,6 +106,8 @@ class VerifyOutcome:
     # The physics checks (ConsistencyReport.to_dict() plus "seconds"); None when the
     # forward pass itself failed, so nothing could be checked.
     checks: dict[str, Any] | None = None
+    # How the worker started: "mount" or "copy" (a node-local stage), None (shared env).
+    staged: str | None = None
 
     def record(self, build: dict[str, Any]) -> dict[str, Any]:
         """The ``result`` dict that :func:`manifest.record_verification` takes."""
@@ -107,6 +117,7 @@ class VerifyOutcome:
             "build": build,
             # The reference a pass is compared with is the one for these kwargs.
             "kwargs": self.kwargs,
+            "staged": self.staged,
         }
         if self.fingerprint is not None:
             result["fingerprint"] = self.fingerprint
@@ -130,7 +141,10 @@ def run_verification(
     """Spawn a worker for ``checkpoint``, check a forward pass and its physics.
 
     ``kwargs`` None means: use the env's ``VERIFY_KWARGS`` entry (explicit kwargs
-    always win). Model errors become a failed outcome, never an exception. A
+    always win). Model errors become a failed outcome, never an exception; a device
+    this node does not show raises :class:`~rootstock.errors.DeviceNotVisible`
+    before ``setup()`` runs, and nothing is recorded. The outcome's ``device`` is the
+    one the worker says the model ran on (EMT: ``cpu``), else the one asked for. A
     forward pass that is finite and well shaped is then checked for consistency
     (forces and stress against the energy, judged as the env's ``VERIFY_CHECKS``
     entry says) in the same worker; a failed check fails the outcome, and its
@@ -138,29 +152,39 @@ def run_verification(
     """
     import numpy as np
 
-    from rootstock.runtime.calculator import RootstockCalculator
-    from rootstock.runtime.spec import WorkerSpec
+    from rootstock.runtime import RootstockCalculator, WorkerSpec
 
     used = dict(env.verify_kwargs.get(checkpoint, {})) if kwargs is None else dict(kwargs)
     atoms = reference_atoms(env)
     start = time.monotonic()
     outcome = VerifyOutcome(checkpoint, env.name, device, False, 0.0, kwargs=used)
     spec = WorkerSpec(
-        layout=layout, checkpoint=checkpoint, env_name=env.name, device=device, setup_kwargs=used
+        layout=layout,
+        checkpoint=checkpoint,
+        env_name=env.name,
+        device=device,
+        setup_kwargs=used,
+        check_device=True,
     )
     problems: list[str] = []
     try:
         with entry_point("verify"), RootstockCalculator.from_spec(spec, timeout=timeout) as calc:
             atoms.calc = calc
             energy = float(atoms.get_potential_energy())
+            outcome.staged = calc.staged
+            outcome.device = device_ran_on(calc.model_device, device)
             forces = np.asarray(atoms.get_forces(), dtype=float)
             periodic = bool(atoms.pbc.all())
             stress = np.asarray(atoms.get_stress(), dtype=float) if periodic else None
             problems = _check_result(energy, forces, stress, len(atoms))
             if not problems:
-                outcome.checks, problem = _check_physics(atoms, calc, env, checkpoint, device)
+                outcome.checks, problem = _check_physics(
+                    atoms, calc, env, checkpoint, outcome.device
+                )
                 if problem:
                     problems.append(problem)
+    except DeviceNotVisible:
+        raise
     except RootstockError as exc:
         outcome.seconds = time.monotonic() - start
         outcome.message = _failure_message(exc, env, checkpoint, kwargs)
@@ -175,13 +199,25 @@ def run_verification(
         "force_norm": float(np.linalg.norm(forces)),
         "stress": [float(s) for s in stress] if stress is not None else None,
         "natoms": len(atoms),
-        "device_kind": device_kind(device),
+        "device_kind": device_kind(outcome.device),
         "torch": versions.get("torch"),
         "env_versions": {k: v for k, v in versions.items() if v},
     }
     outcome.passed = not problems
     outcome.message = "; ".join(problems) or None
     return outcome
+
+
+def device_ran_on(reported: str | None, requested: str) -> str:
+    """The device to record: the one the worker reported, if the manifest can hold it
+    (``mps:0`` is kept as ``mps``), else the one asked for (an older worker reports
+    none, and a torch model with no module in reach is not guessed at)."""
+    if reported and is_device_name(reported):
+        return reported
+    base = (reported or "").partition(":")[0]
+    if base and is_device_name(base):
+        return base
+    return requested
 
 
 DeviceLease = Callable[[], AbstractContextManager[str]]
@@ -316,9 +352,13 @@ def _failure_message(
         message = f"{lines[0]}" if lines else type(exc).__name__
         if last and last not in message:
             message += f": {last}"
-    if kwargs is None and checkpoint not in env.verify_kwargs:
+    if (
+        kwargs is None
+        and checkpoint not in env.verify_kwargs
+        and _MISSING_SETUP_ARGUMENT.search(message)
+    ):
         message += (
-            f" (if {checkpoint} needs a keyword argument, declare it in "
-            f"VERIFY_KWARGS in environments/{env.name}.py)"
+            f" ({checkpoint} needs a keyword argument that nothing gave setup(): declare "
+            f"it in VERIFY_KWARGS in environments/{env.name}.py)"
         )
     return message

@@ -1,6 +1,6 @@
 """``rootstock workers``: start, list and stop the user's pooled workers on this node.
 
-Each pooled worker is a daemon (:mod:`rootstock.runtime.pool`) named by its worker
+Each pooled worker is a daemon (:mod:`rootstock.runtime.pool.daemon`) named by its worker
 key's digest, which is the id these operations take and return. Everything here
 reads the state files in the user's private pool directory and checks each
 daemon's liveness (pid and start time), so a daemon killed without cleaning up is
@@ -18,18 +18,20 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rootstock.errors import UsageError, WorkerTimeout
-from rootstock.runtime.pool import DEFAULT_IDLE_TIMEOUT
-from rootstock.runtime.pool_client import clean_if_dead, ensure_daemon
-from rootstock.runtime.pool_dir import (
+from rootstock.runtime import (
+    DEFAULT_IDLE_TIMEOUT,
     PoolFileError,
     PoolFiles,
+    WorkerOptions,
+    clean_if_dead,
     daemon_alive,
+    ensure_daemon,
     ensure_pool_dir,
-    read_json,
+    read_pool_json,
     read_states,
+    resolve_worker_spec,
+    worker_key,
 )
-from rootstock.runtime.spec import WorkerOptions, resolve_worker_spec
-from rootstock.runtime.worker_key import worker_key
 
 log = logging.getLogger("rootstock.runtime")
 
@@ -115,7 +117,7 @@ def start_worker(
     key = worker_key(spec)
     stream, files = ensure_daemon(spec, key, timeout=timeout, idle_timeout=idle_timeout)
     stream.close()  # the daemon waits for real clients; this one only made sure
-    state = read_json(files.state)
+    state = read_pool_json(files.state)
     if state is None:
         raise WorkerTimeout(
             f"the pooled worker {key.digest} started but wrote no state file",
@@ -161,7 +163,7 @@ def stop_workers(ids: list[str], *, all_workers: bool = False) -> list[PooledWor
     directory = ensure_pool_dir()
     for worker in chosen:
         files = PoolFiles(directory, worker.id)
-        state = read_json(files.state)
+        state = read_pool_json(files.state)
         if state is None or not daemon_alive(state) or worker.daemon_pid is None:
             continue  # it went on its own meanwhile
         try:

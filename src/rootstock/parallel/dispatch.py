@@ -19,8 +19,7 @@ from rootstock.errors import EngineError, UsageError, WorkerError
 from rootstock.parallel.warm import ChunkTask
 
 if TYPE_CHECKING:
-    from rootstock.runtime.batch import BatchPlan, Outcome
-    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime import BatchPlan, Outcome, RootstockCalculator
 
 SUPPORTED = (
     "a Parsl Config (parsl.config.Config, e.g. rootstock.parallel.parsl_slurm_config(...)), "

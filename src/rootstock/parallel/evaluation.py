@@ -1,6 +1,6 @@
 """``rootstock.evaluate`` and ``rootstock.evaluate_iter``: many structures, one checkpoint.
 
-Without an executor they run :func:`~rootstock.runtime.batch.calculate_batch` in
+Without an executor they run :func:`~rootstock.runtime.calculate_batch` in
 one calculator of this process. With a Parsl or Dask executor, chunks become
 engine tasks (:mod:`rootstock.parallel.dispatch`), each engine worker keeping one
 warm Rootstock worker. The engines are imported only for that; see
@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 from rootstock.errors import UsageError
 from rootstock.parallel.dispatch import check_executor, scale_out
-from rootstock.runtime.batch import DEFAULT_PROPERTIES, plan_batch, stream_batch
+from rootstock.runtime import DEFAULT_PROPERTIES, plan_batch, stream_batch
 
 if TYPE_CHECKING:
-    from rootstock.runtime.batch import Outcome
-    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime import Outcome, RootstockCalculator
 
 #: How long ``evaluate`` with an executor waits for its first chunk before it asks
 #: the engine why nothing runs (a job still queued, or refused); see docs/scale-out.md.
@@ -38,7 +37,7 @@ def _evaluation(
 ) -> Iterator[tuple[int, Outcome]]:
     """The checked ``(index, result)`` stream behind :func:`evaluate` and
     :func:`evaluate_iter`: in input order locally, as completed on an executor."""
-    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime import RootstockCalculator
 
     properties = calculator_kwargs.pop("properties", DEFAULT_PROPERTIES)
     errors = calculator_kwargs.pop("errors", "raise")
@@ -90,8 +89,8 @@ def evaluate(
     bounds the chunks submitted at once (default: two per engine worker), and
     ``start_timeout`` is how long to wait for the first chunk before the engine is
     asked why nothing runs. ``properties=`` and ``errors=`` are those of
-    :func:`~rootstock.runtime.batch.calculate_batch`; every other keyword goes to
-    :class:`~rootstock.runtime.calculator.RootstockCalculator`.
+    :func:`~rootstock.runtime.calculate_batch`; every other keyword goes to
+    :class:`~rootstock.runtime.RootstockCalculator`.
     """
     stream = _evaluation(
         images, checkpoint, device, executor, batch_size, max_in_flight, start_timeout,

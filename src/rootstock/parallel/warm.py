@@ -14,11 +14,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rootstock.runtime.worker_key import worker_key
+from rootstock.runtime import worker_key
 
 if TYPE_CHECKING:
-    from rootstock.runtime.batch import Outcome
-    from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime import Outcome, RootstockCalculator
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ def run_chunk_task(task: ChunkTask, cache: WarmCache | None = None) -> list[tupl
     client applies ``errors=``); a dead or stuck Rootstock worker raises, so the
     engine retries the chunk, and the cache's next chunk starts a fresh worker.
     """
-    from rootstock.runtime.batch import run_chunk
+    from rootstock.runtime import run_chunk
 
     calc = (PROCESS_CACHE if cache is None else cache).calculator(task.calculator)
     return run_chunk(calc, list(task.items), task.properties)

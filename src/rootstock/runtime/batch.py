@@ -26,9 +26,10 @@ from rootstock.errors import (
     WorkerError,
     WorkerTimeout,
 )
-from rootstock.runtime.batch_wire import BatchItem, BatchRequest, ItemError, ItemResult
-from rootstock.runtime.protocol import EXTRA_PROPERTIES, MAX_PAYLOAD, ErrorReply, extra_array
 from rootstock.runtime.session import FORWARDED_ARRAYS, model_error
+from rootstock.runtime.structure import info_json, is_3d_periodic, stress_from_virial
+from rootstock.wire.batch import BatchItem, BatchRequest, ItemError, ItemResult
+from rootstock.wire.framing import EXTRA_PROPERTIES, MAX_PAYLOAD, ErrorReply, extra_array
 
 if TYPE_CHECKING:
     from rootstock.runtime.calculator import RootstockCalculator
@@ -207,8 +208,6 @@ def _refused_locally(index: int, atoms: Any) -> WorkerError | None:
 
 
 def _batch_item(atoms: Any) -> BatchItem:
-    from rootstock.runtime.calculator import info_json
-
     text = info_json(atoms.info)
     return BatchItem(
         numbers=atoms.arrays["numbers"],
@@ -260,24 +259,7 @@ def run_chunk(
     return [(index, outcomes[index]) for index, _ in chunk]
 
 
-def _stress_of(virial: np.ndarray, atoms: Any) -> np.ndarray:
-    """Voigt stress from the virial, exactly as a single calculation computes it."""
-    sigma = -virial / atoms.cell.volume
-    return np.array(
-        [
-            sigma[0, 0],
-            sigma[1, 1],
-            sigma[2, 2],
-            (sigma[1, 2] + sigma[2, 1]) / 2,
-            (sigma[0, 2] + sigma[2, 0]) / 2,
-            (sigma[0, 1] + sigma[1, 0]) / 2,
-        ]
-    )
-
-
 def _result_dict(result: ItemResult, atoms: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    from rootstock.runtime.calculator import is_3d_periodic
-
     out: dict[str, Any] = {}
     if "energy" in names or "free_energy" in names:
         out["energy"] = result.energy
@@ -289,7 +271,7 @@ def _result_dict(result: ItemResult, atoms: Any, names: tuple[str, ...]) -> dict
     if "stress" in names and is_3d_periodic(atoms):
         if result.virial is None:
             raise ProtocolError("the worker's BATCHREADY lacks a stress that was asked for")
-        out["stress"] = _stress_of(result.virial, atoms)
+        out["stress"] = stress_from_virial(result.virial, atoms)
     for name in EXTRA_PROPERTIES:
         if name in names and name in result.extras:
             out[name] = result.extras[name].copy()
@@ -300,8 +282,6 @@ def _single_call(
     calc: RootstockCalculator, index: int, atoms: Any, names: tuple[str, ...]
 ) -> Outcome:
     """A structure too large for a BATCH frame, as one ordinary calculation."""
-    from rootstock.runtime.calculator import info_json, is_3d_periodic
-
     want_stress = "stress" in names and is_3d_periodic(atoms)
     extras = tuple(n for n in EXTRA_PROPERTIES if n in names)
     try:

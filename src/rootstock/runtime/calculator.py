@@ -12,24 +12,20 @@ first reply, so ``implemented_properties`` is per instance.
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
 import os
 import threading
 from collections.abc import Hashable, Iterable, Iterator
 from typing import Any
 
-import numpy as np
 from ase.calculators.calculator import Calculator, PropertyNotImplementedError, all_changes
 
 from rootstock.errors import ProtocolError, UsageError, WorkerError
 from rootstock.runtime import shared
-from rootstock.runtime.protocol import EXTRA_PROPERTIES, ForceReply, extra_array
 from rootstock.runtime.session import WorkerSession
 from rootstock.runtime.spec import WorkerOptions, WorkerSpec, resolve_worker_spec
-from rootstock.runtime.worker_key import worker_key
-
-log = logging.getLogger("rootstock.calculator")
+from rootstock.runtime.structure import info_json, is_3d_periodic, stress_from_virial
+from rootstock.runtime.worker_keys import worker_key
+from rootstock.wire.framing import EXTRA_PROPERTIES, ForceReply, extra_array
 
 DEFAULT_TIMEOUT = 1800.0
 DEFAULT_BATCH_SIZE = 64
@@ -37,43 +33,6 @@ DEFAULT_MAX_ATOMS_PER_CHUNK = 20_000
 # What every instance computes; the model's extras are added once the worker says.
 BASE_PROPERTIES = ("energy", "free_energy", "forces", "stress")
 _BASE_SET = frozenset(BASE_PROPERTIES)
-
-
-def _json_default(value: Any) -> Any:
-    # numpy scalars and arrays are common in atoms.info (ASE readers put them there).
-    if isinstance(value, np.generic | np.ndarray):
-        return value.tolist()
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
-def info_json(info: dict[str, Any]) -> str:
-    """The JSON-serialisable part of ``atoms.info``, as canonical JSON text.
-
-    Values that cannot be serialised (objects, say) are left out: they cannot
-    reach the worker, which never unpickles.
-    """
-    if not info:
-        return "{}"
-    try:
-        return json.dumps(info, sort_keys=True, default=_json_default)
-    except (TypeError, ValueError):
-        pass
-    kept = {}
-    for key, value in info.items():
-        try:
-            json.dumps(value, default=_json_default)
-        except (TypeError, ValueError):
-            log.debug("atoms.info[%r] is not JSON-serialisable; not forwarded", key)
-            continue
-        kept[str(key)] = value
-    return json.dumps(kept, sort_keys=True, default=_json_default)
-
-
-def is_3d_periodic(atoms: Any) -> bool:
-    """True for a cell that is periodic in all three directions with three vectors."""
-    # Written out because Cell.rank costs more than the rest of a call's bookkeeping.
-    a, b, c = atoms.cell.array
-    return bool(atoms.pbc.all() and a.any() and b.any() and c.any())
 
 
 class RootstockCalculator(Calculator):
@@ -110,12 +69,18 @@ class RootstockCalculator(Calculator):
         a larger structure goes alone.
     shared:
         Share one worker with the other calculators of this process that have the
-        same worker key (:mod:`rootstock.runtime.worker_key`); ``False`` gives this
+        same worker key (:mod:`rootstock.runtime.worker_keys`); ``False`` gives this
         calculator a worker of its own.
     pool:
         Attach to the user's pooled worker for this key (``rootstock workers``),
         starting one that outlives this process until its idle timeout. ``None``
         reads ``$ROOTSTOCK_POOL`` (``1`` turns it on).
+    stage:
+        How the worker starts on this node (docs/cold-start.md): ``"auto"`` (a
+        node-local stage of the build's image: a squashfuse mount where FUSE works,
+        else an extracted copy), ``"mount"``, ``"copy"``, or ``"off"`` (the shared
+        env). ``None`` reads ``$ROOTSTOCK_STAGE``, then ``stage`` in config.toml,
+        then takes ``"auto"``.
 
     Attributes
     ----------
@@ -126,6 +91,10 @@ class RootstockCalculator(Calculator):
     model_dtype:
         The dtype the model computes in (``"float32"``, ``"float64"``, ...), or
         None before the first calculation.
+    model_device:
+        The device the model's parameters are on (``"cpu"``, ``"cuda:0"``, ...;
+        ``"cpu"`` for a model without torch), or None before the first
+        calculation and when the worker cannot tell (or predates the report).
     """
 
     # A tuple, which ASE only iterates and searches: no caller can change the base
@@ -148,9 +117,16 @@ class RootstockCalculator(Calculator):
         max_atoms_per_chunk: int = DEFAULT_MAX_ATOMS_PER_CHUNK,
         shared: bool = True,
         pool: bool | None = None,
+        stage: str | None = None,
     ) -> None:
         options = WorkerOptions(
-            root, cluster, cache_root, device=device, setup_kwargs=setup_kwargs, weights=weights
+            root,
+            cluster,
+            cache_root,
+            device=device,
+            setup_kwargs=setup_kwargs,
+            weights=weights,
+            stage=stage,
         )
         self._bind(resolve_worker_spec(checkpoint, options), timeout, allow_nonfinite)
         self._bind_sharing(batch_size, max_atoms_per_chunk, shared, pool)
@@ -200,6 +176,7 @@ class RootstockCalculator(Calculator):
         self._model_extras: tuple[str, ...] | None = None  # None: no reply yet
         self.implemented_properties = BASE_PROPERTIES
         self.model_dtype: str | None = None
+        self.model_device: str | None = None
 
     def _bind_sharing(
         self, batch_size: int, max_atoms_per_chunk: int, shared: bool, pool: bool | None
@@ -232,6 +209,15 @@ class RootstockCalculator(Calculator):
         return session.pid if session is not None and session.alive else None
 
     @property
+    def staged(self) -> str | None:
+        """How the running worker was started: ``"mount"`` or ``"copy"`` (from a
+        node-local stage), or None (from the shared env, pooled, or none running)."""
+        session = self._session
+        if session is None or not session.alive or session.process is None:
+            return None
+        return session.process.staged
+
+    @property
     def _session(self) -> WorkerSession | None:
         """The session this calculator holds now (shared with its sharers), if any."""
         return self._hold.session
@@ -249,7 +235,7 @@ class RootstockCalculator(Calculator):
     def _start_session(self) -> WorkerSession:
         if self.pool:
             # Lazy: only pooled calculators need the pool client.
-            from rootstock.runtime.pool_client import attach
+            from rootstock.runtime.pool.client import attach
 
             return attach(
                 self.spec,
@@ -401,17 +387,7 @@ class RootstockCalculator(Calculator):
             # worker too old to report its model.
             self._learn_model(self._hold.model_report)
         if want_stress:
-            sigma = -reply.virial / atoms.cell.volume
-            results["stress"] = np.array(
-                [
-                    sigma[0, 0],
-                    sigma[1, 1],
-                    sigma[2, 2],
-                    (sigma[1, 2] + sigma[2, 1]) / 2,
-                    (sigma[0, 2] + sigma[2, 0]) / 2,
-                    (sigma[0, 1] + sigma[1, 0]) / 2,
-                ]
-            )
+            results["stress"] = stress_from_virial(reply.virial, atoms)
         self.results = results
 
     def calculate_batch(
@@ -454,11 +430,16 @@ class RootstockCalculator(Calculator):
             raise ProtocolError(f"the worker's model report is not a JSON object: {report!r}")
         extras = report.get("extras") or []
         dtype = report.get("dtype")
-        if not isinstance(extras, list) or not (dtype is None or isinstance(dtype, str)):
+        # A worker vendored before the device was reported sends none: None, unknown.
+        device = report.get("device")
+        if not isinstance(extras, list) or not all(
+            value is None or isinstance(value, str) for value in (dtype, device)
+        ):
             raise ProtocolError(f"malformed model report from the worker: {report!r}")
         self._hold.model_report = report
         # Names this client does not know (a newer worker) are left out.
         self._model_extras = tuple(n for n in EXTRA_PROPERTIES if n in extras)
         self.implemented_properties = BASE_PROPERTIES + self._model_extras
         self.model_dtype = dtype
+        self.model_device = device
         self._request_extras(())

@@ -18,10 +18,19 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from rootstock.errors import ProtocolError, WorkerDiedError, WorkerError, WorkerTimeout
+from rootstock.errors import (
+    DeviceNotVisible,
+    ProtocolError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerTimeout,
+)
 from rootstock.install.usage import SessionUsage, current_entry_point, start_session_usage
-from rootstock.runtime.batch_wire import BatchReply, BatchRequest, encode_batch, read_batch_reply
-from rootstock.runtime.protocol import (
+from rootstock.runtime.server import WorkerListener
+from rootstock.runtime.spawn import WorkerProcess, spawn_worker
+from rootstock.runtime.spec import WorkerSpec
+from rootstock.wire.batch import BatchReply, BatchRequest, encode_batch, read_batch_reply
+from rootstock.wire.framing import (
     EXIT,
     GETFORCE,
     ErrorReply,
@@ -33,9 +42,6 @@ from rootstock.runtime.protocol import (
     encode_init,
     read_reply,
 )
-from rootstock.runtime.server import WorkerListener
-from rootstock.runtime.spawn import WorkerProcess, spawn_worker
-from rootstock.runtime.spec import WorkerSpec
 
 log = logging.getLogger("rootstock.runtime")
 
@@ -376,6 +382,8 @@ class WorkerSession:
 
 def model_error(spec: WorkerSpec, reply: ErrorReply, index: int | None = None) -> WorkerError:
     """The WorkerError for a model error; ``index`` names the structure of a batch."""
+    if reply.type == DeviceNotVisible.__name__ and reply.phase == "setup":
+        return DeviceNotVisible(reply.message)
     message = error_message(spec, reply)
     if index is not None:
         message = f"structure {index}: {message}"

@@ -1,7 +1,7 @@
 """The in-process registry of shared workers: who holds which worker, and its lock.
 
 Calculators of one process whose worker keys are equal
-(:func:`rootstock.runtime.worker_key.worker_key`) hold one :class:`SharedWorker`:
+(:func:`rootstock.runtime.worker_keys.worker_key`) hold one :class:`SharedWorker`:
 the session (a spawned worker, or an attachment to the user's pool), the lock that
 lets one caller at a time send a request and read its reply, and the last model
 report any holder received. Each calculator's hold is a :class:`Lease`; the entry

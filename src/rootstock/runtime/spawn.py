@@ -16,33 +16,39 @@ The worker's output goes to a file, never to a pipe, so a chatty model cannot
 fill a 64 KB pipe buffer and deadlock; its tail is kept for error messages.
 
 Every spawned worker holds the read end of a
-:class:`~rootstock.runtime.lifeline.Lifeline` (its fd in ``$ROOTSTOCK_LIFELINE_FD``):
+:class:`~rootstock.wire.lifeline.Lifeline` (its fd in ``$ROOTSTOCK_LIFELINE_FD``):
 when the spawning process is gone, however it died, the worker exits within
 moments, even in the middle of a calculation.
+
+Every other process that runs a model or rootstock's worker-side code starts here
+too, through :func:`start_process`: the benchmark's in-env probe
+(:func:`spawn_env_script`, the env's interpreter with a worker's environment and a
+lifeline) and the pool daemon (``runtime/pool/client.py``: this Python, detached).
+What differs between them is a :class:`StartOptions`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
 import os
-import pwd
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rootstock.errors import EnvNotFound
+from rootstock.errors import EnvNotFound, WorkerError
 from rootstock.install.parsing import NotRegularFile, ParseProblem, loads_json, open_regular_file
-from rootstock.runtime.lifeline import LIFELINE_ENV, Lifeline
-from rootstock.runtime.protocol import DOWNLOAD_RESULT_ENV
-from rootstock.runtime.server import can_create_files, is_private_dir, make_private_dir
+from rootstock.runtime.server import make_private_dir
+from rootstock.runtime.stage import GENERATION_ENV, Stage, stage_for_worker, stage_mode
+from rootstock.runtime.worker_env import worker_environment
+from rootstock.wire.framing import CHECK_DEVICE_ENV, DOWNLOAD_RESULT_ENV
+from rootstock.wire.lifeline import LIFELINE_ENV, Lifeline, script_command
 
 if TYPE_CHECKING:
     from rootstock.install.layout import InstallLayout
@@ -56,175 +62,55 @@ LOG_FILE_NAME = "worker.log"
 #: In a download's run dir: the paths its ``download()`` hook returned (JSON).
 DOWNLOAD_RESULT_FILE = "download-result.json"
 
-# Variables that would make the worker load code or settings from the caller's
-# Python. PYTHONPYCACHEPREFIX is here because a caller's prefix would make the
-# worker ignore the env's pre-compiled bytecode and recompile on every spawn.
-SCRUBBED_VARS = (
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "PYTHONUSERBASE",
-    "PYTHONPYCACHEPREFIX",
-    "PYTHONEXECUTABLE",
-    "PYTHONINSPECT",
-    "__PYVENV_LAUNCHER__",
-)
-
-# Compiler and kernel caches: per user, outside the shared root (users cannot
-# write there, and sharing JIT output between users is unsafe). A value the user
-# already set is kept.
-COMPILER_CACHE_VARS = {
-    "TRITON_CACHE_DIR": "triton",
-    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
-    "CUDA_CACHE_PATH": "nv-compute-cache",
-    "PYTORCH_KERNEL_CACHE_PATH": "torch-kernels",
-    "TORCH_EXTENSIONS_DIR": "torch-extensions",
-    "NUMBA_CACHE_DIR": "numba",
-    "CUPY_CACHE_DIR": "cupy",
-    "JAX_COMPILATION_CACHE_DIR": "jax",
-    "SYCL_CACHE_DIR": "sycl",
-    "MPLCONFIGDIR": "matplotlib",
-}
-
-HF_TOKEN_FILES = ("~/.hf_token", "~/.cache/huggingface/token")
-# A token is a few dozen characters; the download result a list of paths.
-_MAX_TOKEN_BYTES = 1 << 16
+# The download result is a list of paths.
 _MAX_DOWNLOAD_RESULT_BYTES = 1 << 20
-#: The prefix of the compiler-cache directory of last resort (see compiler_cache_dir).
-LAST_RESORT_CACHE_PREFIX = "rootstock-cc-"
+# How much of a failed download's output its log keeps (the end of it).
+_MAX_DOWNLOAD_LOG_BYTES = 4 << 20
 
 
-def real_home(environ: Mapping[str, str] | None = None) -> Path:
-    """The calling user's own home (before any redirection)."""
-    home = (os.environ if environ is None else environ).get("HOME")
-    if home:
-        return Path(home)
-    return Path(pwd.getpwuid(os.getuid()).pw_dir)
+@dataclass(frozen=True)
+class StartOptions:
+    """What differs between the processes that run a model or rootstock's worker-side
+    code: a worker, the benchmark's in-env probe, the pool daemon.
 
-
-def find_hf_token(environ: dict[str, str], home: Path) -> tuple[str | None, str | None]:
-    """The Hugging Face token and where it came from, or (None, None).
-
-    ``HF_TOKEN`` wins; otherwise the first readable, non-empty file of
-    ``$HF_TOKEN_FILE``, ``~/.hf_token`` and ``~/.cache/huggingface/token`` (in the
-    user's real home), with surrounding whitespace stripped.
+    Whatever they say, the process reads ``/dev/null``, inherits no descriptor but
+    the lifeline's, and leads a session (a process group) of its own: Ctrl-C in the
+    user's terminal does not hit it mid-frame, and stopping it can kill everything
+    the model started.
     """
-    token = environ.get("HF_TOKEN", "").strip()
-    if token:
-        return token, "HF_TOKEN"
-    candidates = []
-    if environ.get("HF_TOKEN_FILE"):
-        candidates.append(Path(environ["HF_TOKEN_FILE"]).expanduser())
-    candidates += [home / name.removeprefix("~/") for name in HF_TOKEN_FILES]
-    for path in candidates:
-        try:
-            with os.fdopen(open_regular_file(path, follow_symlinks=True), "rb") as fh:
-                token = fh.read(_MAX_TOKEN_BYTES).decode("utf-8").strip()
-        except NotRegularFile as exc:
-            log.warning("skipped the token file %s: %s (remove it: %s)", path, exc, exc.fix)
-            continue
-        except (OSError, UnicodeDecodeError):
-            continue
-        if token:
-            return token, str(path)
-    return None, None
+
+    #: Its whole environment (a worker's comes from :func:`worker_environment`);
+    #: None: this process's own (the pool daemon runs this Python).
+    env: Mapping[str, str] | None = None
+    #: Where its output goes: a descriptor (the caller's, closed by the caller), 1 or 2.
+    stdout: int = subprocess.DEVNULL
+    #: A descriptor, or ``subprocess.STDOUT`` to share ``stdout``.
+    stderr: int = subprocess.STDOUT
+    #: The child's read end is passed down, and dropped here once the child runs.
+    #: None: the process holds no lifeline of ours (the pool daemon outlives us).
+    lifeline: Lifeline | None = None
 
 
-def _inside(path: Path, roots: list[Path]) -> bool:
-    real = os.path.realpath(path)
-    for root in roots:
-        top = os.path.realpath(root)
-        if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
-            return True
-    return False
-
-
-def _usable_cache_dir(path: Path, *, parents: bool) -> bool:
-    """Make ``path`` (0700) if it is missing; True if it is ours, private and writable."""
-    with contextlib.suppress(OSError):
-        if parents:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        path.mkdir(mode=0o700)
-    return is_private_dir(path) and can_create_files(path)
-
-
-# The fresh directory of the last resort, made once per process (not once per spawn).
-_last_resort_cache: Path | None = None
-
-
-def compiler_cache_dir(environ: dict[str, str], layout: InstallLayout) -> Path:
-    """The per-user directory for compiler caches, never inside the install or cache root.
-
-    ``$XDG_CACHE_HOME/rootstock`` (or ``~/.cache/rootstock``) of the real user; else
-    ``rootstock-<uid>`` in the temp dir (``$TMPDIR``, ``/tmp``), the one fallback per
-    user; else (someone else holds that name, or it is not 0700) a fresh private
-    directory, one per process. Each is used only if it is a real directory we own
-    with mode 0700, and a file can really be created in it.
-
-    The fresh one (``rootstock-cc-<pid>-XXXXXXXX``) lives only as long as its
-    process: it is removed at exit, and it records its owner like a run directory,
-    so the next rootstock process sweeps it if this one is killed first.
-    """
-    global _last_resort_cache
-    shared = [layout.root, layout.cache_root]
-    xdg = environ.get("XDG_CACHE_HOME") or str(real_home(environ) / ".cache")
-    preferred = Path(xdg) / "rootstock"
-    if not _inside(preferred, shared) and _usable_cache_dir(preferred, parents=True):
-        return preferred
-    fallback = Path(tempfile.gettempdir()) / f"rootstock-{os.getuid()}"
-    if _usable_cache_dir(fallback, parents=False):
-        return fallback
-    if _last_resort_cache is None or not is_private_dir(_last_resort_cache):
-        _last_resort_cache = make_private_dir(LAST_RESORT_CACHE_PREFIX, base=fallback.parent)
-        atexit.register(_remove_last_resort_cache, _last_resort_cache, os.getpid())
-        log.warning(
-            "%s is not a private directory of yours; compiler caches go to %s for now",
-            fallback,
-            _last_resort_cache,
-        )
-    return _last_resort_cache
-
-
-def _remove_last_resort_cache(path: Path, maker: int) -> None:
-    # A forked child inherits the exit hook, not the directory: the maker removes it.
-    if os.getpid() == maker:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def worker_environment(
-    layout: InstallLayout,
-    env_name: str,
-    *,
-    offline: bool = True,
-    base: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """The complete environment a worker of ``env_name`` runs with."""
-    env = dict(os.environ if base is None else base)
-    home = real_home(env)
-    compile_cache = compiler_cache_dir(env, layout)
-    token, _source = find_hf_token(env, home)
-    for var in SCRUBBED_VARS:
-        env.pop(var, None)
-    env_dir = layout.env_dir(env_name)
-    env["VIRTUAL_ENV"] = str(env_dir)
-    env["PATH"] = os.pathsep.join(p for p in (str(env_dir / "bin"), env.get("PATH")) if p)
-    env["PYTHONNOUSERSITE"] = "1"
-    env["HOME"] = str(layout.home_dir)
-    env["XDG_CACHE_HOME"] = str(layout.cache_dir)
-    env["HF_HOME"] = str(layout.cache_dir / "huggingface")
-    if offline:
-        env["HF_HUB_OFFLINE"] = "1"
-    else:
-        # The download phase exists to reach the hub: an offline flag inherited from
-        # the maintainer's shell would make it fail for no visible reason.
-        env.pop("HF_HUB_OFFLINE", None)
-    if token:
-        env["HF_TOKEN"] = token
-        env["HUGGING_FACE_HUB_TOKEN"] = token
-    for var, sub in COMPILER_CACHE_VARS.items():
-        if not env.get(var):
-            env[var] = str(compile_cache / sub)
-    return env
+def start_process(argv: Sequence[str], options: StartOptions) -> subprocess.Popen:
+    """Start ``argv`` as ``options`` say: the one place a process that runs a model or
+    rootstock's worker-side code is started. Raises OSError when it cannot start
+    (the caller knows what to suggest)."""
+    lifeline = options.lifeline
+    popen = subprocess.Popen(
+        list(argv),
+        env=None if options.env is None else dict(options.env),
+        stdin=subprocess.DEVNULL,
+        stdout=options.stdout,
+        stderr=options.stderr,
+        close_fds=True,
+        pass_fds=() if lifeline is None else (lifeline.child_fd,),
+        # Own group: Ctrl-C in the user's script does not hit the worker mid-frame,
+        # and stop() can kill everything the model started.
+        start_new_session=True,
+    )
+    if lifeline is not None:
+        lifeline.child_started()
+    return popen
 
 
 class WorkerProcess:
@@ -238,6 +124,7 @@ class WorkerProcess:
         log_offset: int = 0,
         owned_dir: Path | None = None,
         lifeline: Lifeline | None = None,
+        stage: Stage | None = None,
     ) -> None:
         self.popen = popen
         self.output = output
@@ -246,10 +133,18 @@ class WorkerProcess:
         self._owned_dir = owned_dir
         # Held (never written) for as long as the worker may live: our exit closes it.
         self.lifeline = lifeline
+        # The node-local stage it runs from, held in use while it may live.
+        self.stage = stage
 
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    @property
+    def staged(self) -> str | None:
+        """How it was started: "mount" or "copy" (a node-local stage), None (the shared
+        env); None too once it has ended and let its stage go."""
+        return self.stage.mode if self.stage is not None else None
 
     @property
     def returncode(self) -> int | None:
@@ -296,12 +191,19 @@ class WorkerProcess:
                 log.debug("worker %d did not exit within %.1f s; killed", self.pid, grace)
             self.popen.wait()
         self._cut_lifeline()
+        self._release_stage()
         return self.popen.returncode
 
     def _cut_lifeline(self) -> None:
         if self.lifeline is not None:
             self.lifeline.close()
             self.lifeline = None
+
+    def _release_stage(self) -> None:
+        # Only once the worker is gone: an unused mount may then be unmounted.
+        if self.stage is not None and self.has_exited():
+            self.stage.release()
+            self.stage = None
 
     def output_tail(self, max_bytes: int = 8192, max_lines: int = 60) -> str:
         """The last lines the worker wrote in this run, or a note on where they went."""
@@ -330,6 +232,7 @@ class WorkerProcess:
     def cleanup(self) -> None:
         """Cut the lifeline and remove a private output directory this process owns."""
         self._cut_lifeline()
+        self._release_stage()
         if self._owned_dir is not None:
             shutil.rmtree(self._owned_dir, ignore_errors=True)
             self._owned_dir = None
@@ -358,18 +261,20 @@ def _open_output(
 def worker_command(
     spec: WorkerSpec,
     *,
+    python: Path | None = None,
     socket_path: Path | str,
     mode: str,
     structure: Path | None = None,
     connect_timeout: float | None = None,
     debug: bool = False,
 ) -> list[str]:
-    """The argv of a worker for ``spec``, run by its env's interpreter.
+    """The argv of a worker for ``spec``, run by its env's interpreter (``python``: the
+    one of its stage).
 
     ``-I`` keeps the caller's cwd and PYTHON* settings out.
     """
     argv = [
-        str(spec.python),
+        str(python or spec.python),
         "-I",
         "-u",
         "-X",
@@ -425,8 +330,11 @@ def spawn_worker(
     :meth:`WorkerProcess.stop` or :meth:`WorkerProcess.cleanup` cut it.
     """
     layout, env_name = spec.layout, spec.env_name
-    python = spec.python
-    if not python.exists():
+    # The download phase (add, sync) is a fetch on a login node: nothing to stage for.
+    staging = "off" if mode == "download" else stage_mode(spec.stage)
+    stage = stage_for_worker(layout, env_name, staging)
+    python = stage.python if stage is not None else spec.python
+    if stage is None and not python.exists():
         raise EnvNotFound(
             f"env {env_name!r} has no interpreter at {python}",
             hint=f"rebuild it with `rootstock install {env_name} --force`",
@@ -435,6 +343,7 @@ def spawn_worker(
     lifeline = Lifeline()
     argv = worker_command(
         spec,
+        python=python,
         socket_path=socket_path,
         mode=mode,
         structure=structure,
@@ -442,28 +351,29 @@ def spawn_worker(
         debug=logging.getLogger("rootstock.wire").isEnabledFor(logging.DEBUG),
     )
     try:
-        env = worker_environment(layout, env_name, offline=offline)
+        env = worker_environment(
+            layout, env_name, offline=offline, prefix=stage.prefix if stage else None
+        )
+        if stage is not None:
+            env[GENERATION_ENV] = str(stage.generation)
         env[LIFELINE_ENV] = str(lifeline.child_fd)
+        if spec.check_device:
+            env[CHECK_DEVICE_ENV] = "1"
         env.update(extra_env or {})
         stdout, stderr, log_path, offset, owned = _open_output(target, run_dir)
     except BaseException:
         lifeline.close()
+        if stage is not None:
+            stage.release()
         raise
     try:
-        popen = subprocess.Popen(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=stdout,
-            stderr=stderr,
-            close_fds=True,
-            pass_fds=(lifeline.child_fd,),
-            # Own group: Ctrl-C in the user's script does not hit the worker mid-frame,
-            # and stop() can kill everything the model started.
-            start_new_session=True,
+        popen = start_process(
+            argv, StartOptions(env=env, stdout=stdout, stderr=stderr, lifeline=lifeline)
         )
     except BaseException as exc:
         lifeline.close()
+        if stage is not None:
+            stage.release()
         if owned is not None:
             shutil.rmtree(owned, ignore_errors=True)
         if not isinstance(exc, OSError):
@@ -475,9 +385,40 @@ def spawn_worker(
     finally:
         if isinstance(stdout, int) and stdout > 2:
             os.close(stdout)
-    lifeline.child_started()
     log.debug("spawned worker pid %d: %s (output: %s)", popen.pid, " ".join(argv), target)
-    return WorkerProcess(popen, target, log_path, offset, owned, lifeline)
+    return WorkerProcess(popen, target, log_path, offset, owned, lifeline, stage)
+
+
+def spawn_env_script(
+    spec: WorkerSpec, script: Path, args: Sequence[str], *, log_path: Path
+) -> WorkerProcess:
+    """Run the Python file ``script`` with ``args`` in ``spec``'s env, as a worker runs.
+
+    The env's own interpreter (``-I``) and the environment a worker gets (offline),
+    its output appended to ``log_path`` (a 0600 file). The script runs by path under
+    the lifeline runner, so it dies with this process like a worker, and an env built
+    by an older rootstock needs nothing new. Raises :class:`WorkerError` when the
+    env's Python cannot be started. The benchmark's in-env probe runs this way.
+    """
+    lifeline = Lifeline()
+    try:
+        argv = script_command(str(spec.python), lifeline.child_fd, str(script), list(args))
+        env = worker_environment(spec.layout, spec.env_name, offline=True)
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except BaseException:
+        lifeline.close()
+        raise
+    try:
+        popen = start_process(argv, StartOptions(env=env, stdout=fd, lifeline=lifeline))
+    except OSError as exc:
+        lifeline.close()
+        raise WorkerError(
+            f"cannot run the env's Python {spec.python}: {exc}",
+            hint=f"rebuild the env: rootstock install {spec.env_name} --force",
+        ) from None
+    finally:
+        os.close(fd)
+    return WorkerProcess(popen, "capture", log_path, lifeline=lifeline)
 
 
 def run_download(
@@ -492,11 +433,12 @@ def run_download(
 
     Returns the absolute paths the env's ``download()`` hook returned (empty when it
     returned none, when ``setup()`` did the fetch, or when the env's worker is from
-    an older rootstock, which knows no result file). Raises :class:`WorkerError`
-    with the worker's output tail when the env's ``download()`` (or ``setup()``)
-    fails, or when it runs past ``timeout``.
+    an older rootstock, which knows no result file). Raises
+    :class:`~rootstock.runtime.download_failure.DownloadFailed`, naming the cause and
+    the fix and the log file with the worker's whole output, when the env's
+    ``download()`` (or ``setup()``) fails, or when it runs past ``timeout``.
     """
-    from rootstock.errors import WorkerError
+    from rootstock.runtime.download_failure import download_failure
     from rootstock.runtime.spec import WorkerSpec
 
     spec = WorkerSpec(
@@ -519,18 +461,15 @@ def run_download(
         )
         finished = process.wait_exit(timeout)
         code = process.stop(grace=0 if not finished else 3.0)
-        if not finished:
-            raise WorkerError(
-                f"downloading {checkpoint} took longer than {timeout:.0f} s",
-                process.output_tail(),
-                hint="check the network from this node, then re-run `rootstock add`",
-            )
-        if code != 0:
-            raise WorkerError(
-                f"downloading {checkpoint} failed (env {env_name!r}, exit code {code})",
-                process.output_tail(),
-                hint="the traceback above comes from the env's download()/setup(); "
-                "the maintainer can fix env_source.py, then re-run `rootstock add`",
+        if not finished or code != 0:
+            raise download_failure(
+                layout,
+                env_name,
+                checkpoint,
+                output=process.output_tail(max_bytes=_MAX_DOWNLOAD_LOG_BYTES, max_lines=10**6),
+                exit_code=code if finished else None,
+                timeout=timeout,
+                timed_out=not finished,
             )
         return _read_download_result(result_file)
     finally:

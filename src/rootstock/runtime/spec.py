@@ -1,7 +1,7 @@
 """What to run: a checkpoint bound to its env, plus the arguments for ``setup()``.
 
 This is the one runtime module that reads the install root, and only through the
-read-only resolvers in ``install.layout`` and ``install.envs``. Both the calculator
+read-only resolvers in ``install.machine`` and ``install.envs``. Both the calculator
 and ``rootstock serve`` validate their arguments here, so they fail the same way
 and before any process is started.
 """
@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from rootstock.errors import EnvFileError, UsageError
-from rootstock.install.config import load_config
 from rootstock.install.envs import resolve_checkpoint
-from rootstock.install.layout import InstallLayout, resolve_layout
+from rootstock.install.layout import InstallLayout
+from rootstock.install.machine import resolve_machine
+from rootstock.runtime.stage import stage_mode
 
 # setup() receives these from rootstock itself; letting setup_kwargs replace them
 # would make the manifest's record of what ran untrue.
@@ -35,6 +36,12 @@ class WorkerSpec:
     setup_kwargs: dict[str, Any] = field(default_factory=dict)
     weights: Path | None = None
     cluster: str | None = None
+    #: How the worker is staged on its node (:mod:`rootstock.runtime.stage`); None
+    #: reads ``$ROOTSTOCK_STAGE`` and config.toml when it is spawned.
+    stage: str | None = None
+    #: Refuse, before ``setup()``, a device this node does not show (verification:
+    #: a pass on it would be recorded). Never pooled or shared, so not in the JSON.
+    check_device: bool = False
 
     @property
     def python(self) -> Path:
@@ -58,6 +65,7 @@ class WorkerSpec:
                 "setup_kwargs": self.setup_kwargs,
                 "weights": str(self.weights) if self.weights is not None else None,
                 "cluster": self.cluster,
+                "stage": self.stage,
             },
             allow_nan=True,
         )
@@ -74,6 +82,7 @@ class WorkerSpec:
             setup_kwargs=dict(data.get("setup_kwargs") or {}),
             weights=Path(data["weights"]) if data.get("weights") else None,
             cluster=data.get("cluster"),
+            stage=data.get("stage"),
         )
 
 
@@ -107,9 +116,10 @@ class WorkerOptions:
     The keywords of :class:`~rootstock.runtime.calculator.RootstockCalculator` and of
     ``rootstock serve``/``benchmark`` other than the checkpoint; nothing is checked
     until :func:`resolve_worker_spec`. ``root``, ``cluster`` and ``cache_root`` come
-    first, in the order :func:`~rootstock.install.layout.resolve_layout` takes them.
+    first, in the order :func:`~rootstock.install.machine.resolve_machine` takes them.
     ``setup_kwargs`` None means none were given (``benchmark`` then takes the env's
-    ``VERIFY_KWARGS`` entry); the spec always holds a dict.
+    ``VERIFY_KWARGS`` entry); the spec always holds a dict. ``stage`` None reads
+    ``$ROOTSTOCK_STAGE`` and config.toml (:func:`~rootstock.runtime.stage.stage_mode`).
     """
 
     root: str | os.PathLike[str] | None = None
@@ -118,6 +128,7 @@ class WorkerOptions:
     device: str = "cuda"
     setup_kwargs: dict[str, Any] | None = None
     weights: str | os.PathLike[str] | None = None
+    stage: str | None = None
 
 
 def resolve_worker_spec(checkpoint: str, options: WorkerOptions) -> WorkerSpec:
@@ -134,9 +145,12 @@ def resolve_worker_spec(checkpoint: str, options: WorkerOptions) -> WorkerSpec:
     if not isinstance(device, str) or not device:
         raise UsageError("device must be a string such as 'cuda', 'cpu' or 'xpu'")
     kwargs = check_setup_kwargs(options.setup_kwargs)
-    layout = resolve_layout(options.root, options.cluster, options.cache_root)
-    machine = options.cluster or _configured_cluster()
-    resolved = resolve_checkpoint(layout, checkpoint, machine)
+    stage = stage_mode(options.stage)
+    machine = resolve_machine(
+        options.root, options.cluster, options.cache_root, cluster_from_config=True
+    )
+    layout = machine.layout
+    resolved = resolve_checkpoint(layout, checkpoint, machine.cluster)
     env = resolved.env
     weights_path = None
     if resolved.is_custom:
@@ -175,10 +189,6 @@ def resolve_worker_spec(checkpoint: str, options: WorkerOptions) -> WorkerSpec:
         device=device,
         setup_kwargs=kwargs,
         weights=weights_path,
-        cluster=machine,
+        cluster=machine.cluster,
+        stage=stage,
     )
-
-
-def _configured_cluster() -> str | None:
-    value = load_config().get("cluster")
-    return value if isinstance(value, str) and value else None

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from rootstock.runtime.batch_wire import (
+from rootstock.wire.batch import (
     BatchItem,
     BatchReply,
     BatchRequest,
@@ -29,7 +29,7 @@ from rootstock.runtime.batch_wire import (
     ItemResult,
     encode_batchready,
 )
-from rootstock.runtime.protocol import EXTRA_PROPERTIES, encode_error, extra_array
+from rootstock.wire.framing import EXTRA_PROPERTIES, encode_error, extra_array
 from rootstock.worker.model import (
     Evaluation,
     MalformedResult,

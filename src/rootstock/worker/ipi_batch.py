@@ -23,12 +23,13 @@ import logging
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rootstock.errors import ProtocolError
-from rootstock.runtime.protocol import (
+from rootstock.wire.batch import BatchRequest, decode_batch_body
+from rootstock.wire.framing import (
     BOHR,
     FORCEREADY,
     HARTREE,
@@ -37,7 +38,8 @@ from rootstock.runtime.protocol import (
     Init,
     PosData,
     read_init_body,
-    read_message,
+    read_length,
+    read_posdata_body,
 )
 from rootstock.worker.model import (
     ModelRunner,
@@ -46,9 +48,6 @@ from rootstock.worker.model import (
     checked_forces,
     checked_stress,
 )
-
-if TYPE_CHECKING:
-    from rootstock.runtime.batch_wire import BatchRequest
 
 log = logging.getLogger("rootstock.worker")
 
@@ -113,12 +112,37 @@ def read_batched_posdata_body(stream: FrameStream, count: int) -> BatchedPosData
     return BatchedPosData(cells=h.transpose(0, 2, 1), positions=positions)
 
 
+def read_message(
+    stream: FrameStream, body_timeout: float | None = None
+) -> str | Init | PosData | BatchRequest:
+    """The next server-to-worker message: a word (STATUS, GETFORCE, EXIT), Init, PosData
+    or (dialect) a :class:`~rootstock.wire.batch.BatchRequest`.
+
+    The header may take as long as the server likes (an idle worker waits); once it
+    has arrived, the body must follow within ``body_timeout`` seconds. Replies
+    (READY, FORCEREADY, ...) arriving at the worker are protocol errors. It lives
+    here, beside the worker's loop, because only a worker reads a server's messages.
+    """
+    word = stream.read_header()
+    if body_timeout is not None:
+        stream.set_deadline(body_timeout)
+    if word == "POSDATA":
+        return read_posdata_body(stream)
+    if word == "INIT":
+        return read_init_body(stream)
+    if word == "BATCH":
+        return decode_batch_body(stream.read_bytes(read_length(stream, "BATCH")))
+    if word in ("STATUS", "GETFORCE", "EXIT"):
+        return word
+    raise ProtocolError(f"the {stream.peer} sent {word}, which only a worker may send")
+
+
 def read_server_message(
     stream: FrameStream, body_timeout: float | None, batch_size: int
 ) -> str | Init | PosData | BatchedPosData | BatchRequest:
     """The next message from the server; with ``batch_size`` > 1 a POSDATA is batched.
 
-    With a batch size of 1 this is :func:`protocol.read_message` (every frame, the
+    With a batch size of 1 this is :func:`read_message` (every frame, the
     dialect's included). A batching server is a standard i-PI server, so only the
     standard words are accepted from it.
     """

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rootstock.errors import ProtocolError
-from rootstock.runtime.batch_wire import BatchRequest
-from rootstock.runtime.protocol import (
+from rootstock.wire.batch import BatchRequest
+from rootstock.wire.framing import (
     HAVEDATA,
     NEEDINIT,
     READY,

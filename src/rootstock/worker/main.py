@@ -17,7 +17,7 @@ Three modes:
 
 In ``calculator`` and ``serve`` mode the worker holds a shared lock on its env
 generation's lock file for its whole life, taken before ``setup()`` runs
-(:mod:`rootstock.worker.generation`), so ``install`` and ``prune`` never delete
+(:mod:`rootstock.wire.generation`), so ``install`` and ``prune`` never delete
 the generation it imports from.
 
 The worker never binds a socket and knows nothing about the system until the
@@ -47,14 +47,15 @@ from types import ModuleType
 from typing import Any
 
 from rootstock.errors import ProtocolError
-from rootstock.runtime.lifeline import (
+from rootstock.wire.framing import CHECK_DEVICE_ENV, DOWNLOAD_RESULT_ENV, FrameStream
+from rootstock.wire.generation import GENERATION_ENV, hold_generation
+from rootstock.wire.lifeline import (
     LIFELINE_ENV,
     LIFELINE_OPTION,
     STARTER_GONE_EXIT,
     watch_lifeline,
 )
-from rootstock.runtime.protocol import DOWNLOAD_RESULT_ENV, FrameStream
-from rootstock.worker.generation import hold_generation
+from rootstock.worker.device import check_device_visible
 from rootstock.worker.loop import EXIT_MODEL_ERROR, EXIT_PROTOCOL_ERROR, CapturedError, ServeLoop
 from rootstock.worker.model import ModelRunner, load_env_source, make_calculator
 
@@ -89,6 +90,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="inherited pipe fd held open by the starter; its EOF ends the worker",
     )
+    # Set from $ROOTSTOCK_CHECK_DEVICE by main(), never an option: an option would
+    # make a newer client's command line unreadable to an older vendored worker.
+    parser.set_defaults(check_device=False)
     return parser.parse_args(argv)
 
 
@@ -121,7 +125,13 @@ def connect(path: str, timeout: float | None) -> socket.socket:
 def _build_runner(
     args: argparse.Namespace, kwargs: dict[str, Any]
 ) -> tuple[ModelRunner, Callable[..., Any] | None]:
-    """The model (``setup()`` run) and the env's ``evaluate_batch`` hook, if it has one."""
+    """The model (``setup()`` run) and the env's ``evaluate_batch`` hook, if it has one.
+
+    When the client asked (verification), a device that this node does not show is
+    refused first: nothing of the env is imported, and ``setup()`` never runs.
+    """
+    if args.check_device:
+        check_device_visible(args.device)
     module = load_env_source(args.env_source)
     calc = make_calculator(module, args.checkpoint, args.device, kwargs, args.weights)
     return ModelRunner(calc), batch_hook_of(module)
@@ -187,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     # Popped, so nothing the model starts mistakes some other fd for a lifeline.
     inherited = os.environ.pop(LIFELINE_ENV, "")
     result_file = os.environ.pop(DOWNLOAD_RESULT_ENV, "")
+    args.check_device = os.environ.pop(CHECK_DEVICE_ENV, "") == "1"
     lifeline_fd = args.lifeline_fd if args.lifeline_fd is not None else _fd_number(inherited)
     if lifeline_fd is not None:
         # First, before any slow import or setup(): a starter that is already gone
@@ -211,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode != "download":
         # Before setup(): a model imports lazily from the generation's files for as
         # long as it runs, so the hold must cover all of it.
-        held = hold_generation(_loaded_generation())
+        # A staged worker is told its shared generation (its prefix is the stage).
+        staged_from = os.environ.get(GENERATION_ENV)
+        if staged_from:
+            held = hold_generation(staged_from, resolved=True)
+        else:
+            held = hold_generation(_loaded_generation())
         log.debug("holding env generation %s", held or "(none: no lock file)")
     try:
         if args.mode == "download":
@@ -270,8 +286,13 @@ def _download(args: argparse.Namespace, kwargs: dict[str, Any], result_file: str
         else:
             log.info("fetching %s by running setup() once on the CPU", args.checkpoint)
             make_calculator(module, args.checkpoint, "cpu", kwargs, None)
-    except Exception:
+    except Exception as exc:
         log.exception("download of %s failed", args.checkpoint)
+        # urllib's and requests' HTTP errors keep the URL out of their message; the
+        # client names the model's page from it (gated weights).
+        url = getattr(exc, "url", None) or getattr(getattr(exc, "response", None), "url", None)
+        if isinstance(url, str) and url:
+            log.error("the request that failed: %s", url)
         return EXIT_MODEL_ERROR
     log.info("fetched %s", args.checkpoint)
     if result_file is not None:

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from rootstock.runtime.protocol import EXTRA_PROPERTIES, extra_array
+from rootstock.wire.framing import EXTRA_PROPERTIES, extra_array
+from rootstock.worker.device import detect_model_device
 from rootstock.worker.dtype import detect_model_dtype
 
 log = logging.getLogger("rootstock.worker")
@@ -208,7 +209,9 @@ def _is_plain_ase_calculator(calc: Any) -> bool:
 class ModelRunner:
     """Holds the model calculator and the current system (species, PBC, info)."""
 
-    def __init__(self, calc: Any, model_dtype: str | None = None) -> None:
+    def __init__(
+        self, calc: Any, model_dtype: str | None = None, model_device: str | None = None
+    ) -> None:
         self.calc = calc
         self.atoms: Any = None
         self.want_stress = False
@@ -219,6 +222,7 @@ class ModelRunner:
         self._fresh = True
         self._last_cell: bytes | None = None
         self.model_dtype = detect_model_dtype(calc) if model_dtype is None else model_dtype
+        self.model_device = detect_model_device(calc) if model_device is None else model_device
         # Rootstock clients (a JSON INIT) get the model report and extras; standard
         # i-PI servers get the bare frames.
         self.dialect = False
@@ -364,10 +368,14 @@ class ModelRunner:
         return result
 
     def model_report(self, filled: frozenset[str] = frozenset()) -> dict[str, Any]:
-        """The ``model`` report: the dtype and every extra seen filled so far (plus ``filled``)."""
+        """The ``model`` report: the dtype, the device (when known) and every extra seen
+        filled so far (plus ``filled``)."""
         self._reported = filled | (self._reported or frozenset())
         self._report_due = False
-        return {"dtype": self.model_dtype, "extras": sorted(self._reported)}
+        report: dict[str, Any] = {"dtype": self.model_dtype, "extras": sorted(self._reported)}
+        if self.model_device is not None:
+            report["device"] = self.model_device
+        return report
 
     def _extra(self, result: Evaluation) -> bytes:
         """The FORCEREADY extra bytes: empty unless there is something to say."""
@@ -394,7 +402,9 @@ class ModelRunner:
         """
         sibling = self._sibling
         if sibling is None:
-            sibling = self._sibling = ModelRunner(self.calc, model_dtype=self.model_dtype)
+            sibling = self._sibling = ModelRunner(
+                self.calc, model_dtype=self.model_dtype, model_device=self.model_device
+            )
         sibling.dialect = True
         sibling._probe = ()
         return sibling

@@ -5,7 +5,7 @@ Treated like a small database (the schema is documented in ``docs/manifest.md``)
 * versioned (``schema_version``): older files are migrated on read
   (:mod:`.migrations`); every field is checked on read and before every write
   (:mod:`.validate`); corrupt or newer files are refused with
-  :class:`~rootstock.errors.ManifestError` and never written over (:mod:`.schema`);
+  :class:`~rootstock.errors.ManifestError` and never written over (:mod:`.parse`);
 * every change is a short locked read-modify-write, written to a temp file and
   renamed into place (:mod:`.store`); the ``record_*`` helpers each write one
   record, after the slow work is done (:mod:`.records`);
@@ -30,6 +30,7 @@ from rootstock.install.manifest.fingerprints import (
     device_kind,
     kwargs_key,
 )
+from rootstock.install.manifest.parse import parse_manifest
 from rootstock.install.manifest.records import (
     forget_env,
     one_line,
@@ -42,8 +43,6 @@ from rootstock.install.manifest.schema import (
     MANIFEST_VERSION,
     VERIFICATION_STATES,
     new_manifest,
-    normalize_cluster,
-    parse_manifest,
     utc_now,
 )
 from rootstock.install.manifest.state import (
@@ -59,8 +58,6 @@ from rootstock.install.manifest.store import (
     ensure_manifest,
     load_manifest,
     manifest_lock_path,
-    resolve_cluster,
-    served_clusters,
     update_manifest,
 )
 from rootstock.install.manifest.types import (
@@ -69,6 +66,7 @@ from rootstock.install.manifest.types import (
     Checks,
     EnvRecord,
     Fingerprint,
+    ImageRecord,
     Manifest,
     QuantityCheck,
     Reference,
@@ -91,6 +89,7 @@ __all__ = [
     "Fingerprint",
     "FingerprintComparison",
     "FingerprintTolerance",
+    "ImageRecord",
     "Manifest",
     "ManifestInit",
     "QuantityCheck",
@@ -109,15 +108,12 @@ __all__ = [
     "load_manifest",
     "manifest_lock_path",
     "new_manifest",
-    "normalize_cluster",
     "one_line",
     "parse_manifest",
     "parse_time",
     "record_env_build",
     "record_fetch",
     "record_verification",
-    "resolve_cluster",
-    "served_clusters",
     "update_manifest",
     "utc_now",
 ]

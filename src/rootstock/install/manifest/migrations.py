@@ -16,6 +16,10 @@ Version 1 kept one ``reference`` fingerprint per cluster and device kind, whatev
 setup kwargs set it, so a pass with other kwargs (``add --kwarg modal=R2SCAN``, then
 a smoke-test with ``VERIFY_KWARGS``) read as drifted. Version 2 files references by
 their kwargs too (``references``) and records the kwargs of each pass (``kwargs``).
+
+Version 3 records each env build's squashfs image (``image``, null for an env built
+before images or without one) and how each verifying worker was started
+(``staged``, absent in older records and read as null).
 """
 
 from __future__ import annotations
@@ -151,6 +155,18 @@ def _v1_to_v2(old: RawManifest) -> RawManifest:
     return old
 
 
+def _v2_to_v3(old: RawManifest) -> RawManifest:
+    """v2 -> v3: every env says its image; a v2 build had none, so ``image`` is None.
+
+    Verification records gain nothing: their ``staged`` is optional, read as null
+    (started from the shared env), which is how every v2 worker was started.
+    """
+    for env in _objects(old.get("envs")):
+        env.setdefault("image", None)
+    old["schema_version"] = 3
+    return old
+
+
 def _objects(mapping: Any) -> list[dict[str, Any]]:
     """The dict values of ``mapping`` (none when it is not a dict): shape checks come later."""
     if not isinstance(mapping, dict):
@@ -158,4 +174,8 @@ def _objects(mapping: Any) -> list[dict[str, Any]]:
     return [value for value in mapping.values() if isinstance(value, dict)]
 
 
-MIGRATIONS: dict[int, Callable[[RawManifest], RawManifest]] = {0: _v0_to_v1, 1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[RawManifest], RawManifest]] = {
+    0: _v0_to_v1,
+    1: _v1_to_v2,
+    2: _v2_to_v3,
+}

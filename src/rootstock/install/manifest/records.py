@@ -24,7 +24,11 @@ from rootstock.install.manifest.fingerprints import (
     device_kind,
     kwargs_key,
 )
-from rootstock.install.manifest.schema import ENV_BUILD_FIELDS, normalize_cluster, utc_now
+from rootstock.install.manifest.schema import (
+    ENV_BUILD_FIELDS,
+    STAGED_MODES,
+    utc_now,
+)
 from rootstock.install.manifest.store import DEFAULT_LOCK_TIMEOUT, update_manifest
 from rootstock.install.manifest.types import (
     BuildRef,
@@ -32,6 +36,7 @@ from rootstock.install.manifest.types import (
     Checks,
     EnvRecord,
     Fingerprint,
+    ImageRecord,
     JsonObject,
     Manifest,
     Reference,
@@ -42,9 +47,10 @@ from rootstock.install.manifest.validate import (
     DEVICE_KINDS,
     MAX_CHECKPOINT_FILES,
     cache_path_problem,
+    image_problem,
     opaque_problem,
 )
-from rootstock.names import device_name
+from rootstock.names import cluster_name, device_name
 
 MESSAGE_MAX = 300
 
@@ -60,7 +66,9 @@ def record_env_build(
     ``build_info`` holds :data:`ENV_BUILD_FIELDS` (``source_hash`` required;
     ``built_at`` defaults to now, ``build_id`` to a fresh random token that tells
     this build from any other even within one second; others default to None).
-    Checkpoint records are
+    ``image`` is the build's squashfs image, ``{file, sha256, size, compression}``
+    (:class:`~.types.ImageRecord`), or None for a build without one; a malformed
+    one raises ``ValueError`` before the lock is taken. Checkpoint records are
     kept: their verifications now point at an older build, so they show as stale
     until re-verified, and re-verification compares with their reference fingerprint.
     """
@@ -69,7 +77,12 @@ def record_env_build(
         raise ValueError(f"unknown env build fields: {sorted(unknown)}")
     if not build_info.get("source_hash"):
         raise ValueError("build_info needs a source_hash")
+    problem = image_problem(build_info.get("image"))
+    if problem:
+        raise ValueError(f"build_info['image']: {problem}")
     get = build_info.get
+    # A copy: the caller's dict must not alias the record that is written.
+    image: ImageRecord | None = copy.deepcopy(get("image"))
     fields: EnvRecord = {
         "build_id": get("build_id") or secrets.token_hex(8),
         "source_hash": get("source_hash"),
@@ -79,11 +92,12 @@ def record_env_build(
         "python_path": get("python_path"),
         "torch": get("torch"),
         "rootstock": get("rootstock"),
+        "image": image,
     }
 
     def mutate(data: Manifest) -> EnvRecord:
         _env_entry(data, env_name).update(fields)
-        return fields.copy()
+        return copy.deepcopy(fields)
 
     return update_manifest(layout, mutate, timeout)
 
@@ -153,7 +167,9 @@ def record_verification(
     ``result`` keys: ``passed`` (bool, required); ``device`` (default ``"cpu"``;
     a device string of :func:`rootstock.names.device_name`, else
     :class:`~rootstock.errors.UsageError`); ``device_kind`` (default derived from
-    ``device``; cpu, gpu or xpu); ``fingerprint`` (required
+    ``device``; cpu, gpu or xpu); ``staged`` (how the worker was started:
+    ``"mount"`` or ``"copy"``, or None, the default, for the shared env; anything
+    else raises ``ValueError``); ``fingerprint`` (required
     when passed); ``message`` (why it failed; kept to one line); ``at`` (default
     now); ``kwargs`` (the setup kwargs the pass ran with; default none);
     ``checks`` (the physics checks of :mod:`rootstock.ops.consistency`, stored
@@ -190,13 +206,16 @@ def record_verification(
     kind = str(result.get("device_kind") or device_kind(device))
     if kind not in DEVICE_KINDS:
         raise UsageError(f"{kind!r} is not a device kind", hint="device kinds are cpu, gpu and xpu")
+    staged = result.get("staged")
+    if staged is not None and staged not in STAGED_MODES:
+        raise ValueError(f"result['staged'] must be one of {STAGED_MODES} or None, not {staged!r}")
     at = result.get("at") or utc_now()
     message = one_line(result.get("message"))
     checks: Checks | None = result.get("checks")
     if checks is not None and not isinstance(checks, dict):
         raise ValueError("result['checks'] must be a dict or None")
     build_given = dict(result.get("build") or {})
-    cluster_name = normalize_cluster(cluster)
+    machine = cluster_name(cluster)
     kwargs = result.get("kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise ValueError("result['kwargs'] must be a dict or None")
@@ -220,7 +239,7 @@ def record_verification(
             "lock_hash": given("lock_hash", env.get("lock_hash")),
         }
         entry = _checkpoint_entry(env, checkpoint)
-        by_kind = entry["verifications"].setdefault(cluster_name, {})
+        by_kind = entry["verifications"].setdefault(machine, {})
         previous = by_kind.get(kind)
         references: dict[str, Reference] = copy.deepcopy(
             (previous.get("references") if previous else None) or {}
@@ -253,6 +272,7 @@ def record_verification(
             "at": at,
             "device": device,
             "device_kind": kind,
+            "staged": staged,
             "message": note,
             "kwargs": kwargs,
             "fingerprint": fingerprint if passed else None,
@@ -266,8 +286,8 @@ def record_verification(
             "build": build,
         }
         by_kind[kind] = record
-        if cluster_name not in data["clusters"]:
-            data["clusters"].append(cluster_name)
+        if machine not in data["clusters"]:
+            data["clusters"].append(machine)
         return copy.deepcopy(record)
 
     return update_manifest(layout, mutate, timeout)

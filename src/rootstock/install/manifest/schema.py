@@ -1,29 +1,19 @@
-"""The ``manifest.json`` schema: version, field names and parsing.
+"""The ``manifest.json`` schema: its version, field names and an empty manifest.
 
-Parsing is strict JSON (:func:`rootstock.install.parsing.loads_json`), migrates an
-older schema in memory (:mod:`.migrations`), checks every field (:mod:`.validate`)
-and refuses a corrupt file or a newer schema with
-:class:`~rootstock.errors.ManifestError`, whose message says what is wrong (with
-the JSON path of the field) and what to do. Nothing here writes.
+Cluster names are case-insensitive, as in the registry, and stored lower-case
+(:func:`rootstock.names.cluster_name`). Parsing is in :mod:`.parse`. Nothing here
+writes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, cast
 
-from rootstock.errors import ManifestError
-from rootstock.install.manifest.migrations import RawManifest, migrate, schema_version_of
 from rootstock.install.manifest.types import Manifest
-from rootstock.install.parsing import ParseProblem, check_depth, loads_json
-from rootstock.names import CLUSTER_NAME_RULE, DEVICE_RULE, cluster_name, warn_stored_name
+from rootstock.names import cluster_name
 
-if TYPE_CHECKING:
-    from rootstock.install.manifest.validate import StoredName
-
-MANIFEST_VERSION = 2
+MANIFEST_VERSION = 3
 VERIFICATION_STATES = ("verified", "failed", "drifted")
 ENV_BUILD_FIELDS = (
     "build_id",
@@ -34,8 +24,13 @@ ENV_BUILD_FIELDS = (
     "python_path",
     "torch",
     "rootstock",
+    "image",
 )
 BUILD_REF_FIELDS = ("build_id", "source_hash", "built_at", "lock_hash")
+IMAGE_FIELDS = ("file", "sha256", "size", "compression")
+#: How a verifying worker was started, when not from the shared env: from a squashfuse
+#: mount of the env's image, or from a node-local extracted copy.
+STAGED_MODES = ("mount", "copy")
 
 FIX_HINT = (
     "the file was left untouched. Restore it from a backup or fix it by hand; "
@@ -49,14 +44,6 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def normalize_cluster(name: str) -> str:
-    """Cluster names are case-insensitive, as in the registry: store them lower-case.
-
-    Refuses a name outside the one rule (:func:`rootstock.names.cluster_name`).
-    """
-    return cluster_name(name)
-
-
 def unique(items: Iterable[str]) -> list[str]:
     """``items`` without repeats, in first-seen order."""
     return list(dict.fromkeys(items))
@@ -66,102 +53,9 @@ def new_manifest(clusters: Iterable[str] = ()) -> Manifest:
     """An empty manifest of the current schema serving ``clusters``."""
     return {
         "schema_version": MANIFEST_VERSION,
-        "clusters": unique(normalize_cluster(c) for c in clusters),
+        "clusters": unique(cluster_name(c) for c in clusters),
         "created_at": utc_now(),
         "updated_at": None,
         "written_by": None,
         "envs": {},
     }
-
-
-def parse_manifest(raw: str | bytes, path: Path | str = "manifest.json") -> Manifest:
-    """Parse manifest JSON, migrating an older schema; refuse anything invalid."""
-    data, _ = parse_manifest_text(raw, Path(path))
-    return data
-
-
-def parse_manifest_text(raw: str | bytes, path: Path) -> tuple[Manifest, bool]:
-    """Like :func:`parse_manifest`, also saying whether a migration ran.
-
-    Every field is checked (:mod:`.validate`); a refusal names the field's JSON
-    path. A stored name today's rule refuses is read, with a
-    :class:`~rootstock.names.StoredNameWarning` naming the fix.
-    """
-    # Imported here: validate reads this module's field lists.
-    from rootstock.install.manifest.validate import SchemaProblem, check_manifest, describe
-
-    try:
-        data = loads_json(raw, walked_by_caller=True)
-    except ParseProblem as exc:
-        raise ManifestError(f"{path} is corrupt: {exc}", hint=FIX_HINT) from None
-    if not isinstance(data, dict):
-        raise ManifestError(
-            f"{path} is corrupt: it holds {describe(data)}, not a JSON object", hint=FIX_HINT
-        )
-    version = schema_version_of(data)
-    if version is None:
-        raise ManifestError(
-            f"{path} is corrupt: schema_version: must be a non-negative integer, "
-            f"not {describe(data['schema_version'])}",
-            hint=FIX_HINT,
-        )
-    if version > MANIFEST_VERSION:
-        raise ManifestError(
-            f"{path} has schema version {version}, but this rootstock understands "
-            f"only up to {MANIFEST_VERSION}: a newer rootstock wrote it",
-            hint="upgrade rootstock (pip install -U rootstock); the file was left untouched",
-        )
-    migrated = version < MANIFEST_VERSION
-    raw_data: RawManifest = data
-    if migrated:
-        raw_data = _migrated(raw_data, version, path)
-    try:
-        stored = check_manifest(raw_data)
-    except SchemaProblem as exc:
-        after = f" (as migrated from schema version {version})" if migrated else ""
-        raise ManifestError(f"{path} is corrupt: {exc}{after}", hint=FIX_HINT) from None
-    _warn_stored_names(stored, path)
-    # The one place untrusted JSON becomes a Manifest: check_manifest has just
-    # checked every field the TypedDicts declare.
-    return cast(Manifest, raw_data), migrated
-
-
-def _warn_stored_names(stored: list[StoredName], path: Path) -> None:
-    """One warning per distinct refused name (a cluster's name recurs in every record)."""
-    places: dict[tuple[str, str], list[str]] = {}
-    for name in stored:
-        places.setdefault((name.kind, name.value), []).append(name.where)
-    for (kind, value), wheres in places.items():
-        more = f" (and {len(wheres) - 1} more places)" if len(wheres) > 1 else ""
-        warn_stored_name(kind, value, f"{path} at {wheres[0]}{more}", _fix(kind))
-
-
-def _migrated(data: RawManifest, version: int, path: Path) -> RawManifest:
-    """``data`` migrated to the current schema, or a refusal saying why not."""
-    try:
-        # An old file skipped the walk the current schema gets; the migration steps
-        # copy and stringify its values, so bound its depth first.
-        check_depth(data)
-        return migrate(data, MANIFEST_VERSION)
-    except ParseProblem as exc:
-        raise ManifestError(f"{path} is corrupt: {exc}", hint=FIX_HINT) from None
-    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
-        raise ManifestError(
-            f"{path} (schema version {version}) could not be migrated: {exc}",
-            hint=FIX_HINT,
-        ) from None
-
-
-def _fix(kind: str) -> str:
-    if kind == "cluster name":
-        return (
-            "rename it by hand in the file (in `clusters` and under each checkpoint's "
-            f"`verifications`) to a valid name: {CLUSTER_NAME_RULE}; "
-            "until then, results cannot be recorded for it"
-        )
-    if kind == "device":
-        return f"re-verify on a valid device ({DEVICE_RULE}) to replace the record"
-    return (
-        "the record is kept but never replaced: delete it by hand, then re-verify "
-        "(device kinds are cpu, gpu and xpu)"
-    )

@@ -1,4 +1,4 @@
-"""Reading and writing ``{root}/manifest.json``, and which clusters it serves.
+"""Reading and writing ``{root}/manifest.json``.
 
 Reads take no lock: every write renames a complete temp file into place, so a
 reader sees the old file or the new one. Every write is a short read-modify-write
@@ -25,23 +25,23 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rootstock.errors import ManifestError, UnstorableValue, UsageError
+from rootstock.errors import ManifestError, UnstorableValue
 from rootstock.install.atomic import atomic_write_bytes
-from rootstock.install.clusters import clusters_for_root
+from rootstock.install.clusters import sibling_names
 from rootstock.install.layout import InstallLayout
 from rootstock.install.locking import FileLock
+from rootstock.install.manifest.parse import parse_manifest_text
 from rootstock.install.manifest.schema import (
     FIX_HINT,
     MANIFEST_VERSION,
     Manifest,
     new_manifest,
-    normalize_cluster,
-    parse_manifest_text,
     unique,
     utc_now,
 )
 from rootstock.install.manifest.validate import SchemaProblem, check_manifest
 from rootstock.install.parsing import ParseProblem, read_regular_file
+from rootstock.names import cluster_name
 
 LOCK_NAME = "manifest.lock"
 DEFAULT_LOCK_TIMEOUT = 60.0
@@ -109,7 +109,7 @@ def update_manifest(
         # Never write what a read would refuse: the change is checked like a read.
         _refuse_unreadable(data, path)
         if raw is None or serialize_manifest(data, path) != raw:
-            from rootstock import __version__
+            from rootstock.version import __version__
 
             data["schema_version"] = MANIFEST_VERSION
             data["updated_at"] = utc_now()
@@ -211,7 +211,7 @@ def ensure_manifest(
     the old bytes are first saved as ``manifest.json.bak-<time>`` (this is the one
     way to get past a corrupt or newer-schema file).
     """
-    wanted = unique([*(normalize_cluster(c) for c in clusters), *_sibling_names(layout)])
+    wanted = unique([*(cluster_name(c) for c in clusters), *sibling_names(layout.root)])
     path = layout.manifest_file
     if not force:
         existed = path.exists()
@@ -233,50 +233,10 @@ def ensure_manifest(
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
             backup = path.with_name(f"{path.name}.bak-{stamp}")
             atomic_write_bytes(backup, old)
-        from rootstock import __version__
+        from rootstock.version import __version__
 
         data = new_manifest(wanted)
         data["updated_at"] = data["created_at"]
         data["written_by"] = f"rootstock {__version__}"
         atomic_write_bytes(path, serialize_manifest(data))
     return ManifestInit(created=True, clusters=wanted, backup=backup)
-
-
-def _sibling_names(layout: InstallLayout) -> list[str]:
-    return sorted(c.name for c in clusters_for_root(layout.root))
-
-
-def served_clusters(layout: InstallLayout, manifest: Manifest | None = None) -> list[str]:
-    """The clusters this install serves: the manifest's list plus registry siblings."""
-    data = manifest if manifest is not None else load_manifest(layout)
-    return unique([*data["clusters"], *_sibling_names(layout)])
-
-
-def resolve_cluster(
-    layout: InstallLayout, cluster: str | None, manifest: Manifest | None = None
-) -> str:
-    """The machine verification results are recorded for.
-
-    A single-cluster install needs no name; a shared install refuses without one,
-    and a name the install does not serve is refused with the way to add it.
-    """
-    served = served_clusters(layout, manifest)
-    if cluster:
-        name = normalize_cluster(cluster)
-        if served and name not in served:
-            raise UsageError(
-                f"this install does not serve cluster {name!r} (it serves {', '.join(served)})",
-                hint=f"pass one of those, or add it: rootstock manifest init --cluster {name}",
-            )
-        return name
-    if len(served) == 1:
-        return served[0]
-    if not served:
-        raise UsageError(
-            "this install's manifest names no cluster, so results cannot be attributed",
-            hint="pass --cluster NAME, or run `rootstock manifest init --cluster NAME`",
-        )
-    raise UsageError(
-        f"this install serves several clusters ({', '.join(served)}); say which machine this is",
-        hint="pass --cluster NAME",
-    )

@@ -92,12 +92,16 @@ class Verification(TypedDict):
     """The latest result on one cluster for one device kind.
 
     Stored at ``envs[<env>].checkpoints[<id>].verifications[<cluster>][<device_kind>]``.
+    ``staged`` says how the verifying worker was started: ``"mount"`` (from a
+    squashfuse mount of the env's image), ``"copy"`` (from a node-local extracted
+    copy), or None (from the shared env, or a record from before schema 3).
     """
 
     state: VerificationState
     at: NotRequired[str | None]
     device: NotRequired[str | None]
     device_kind: NotRequired[str | None]
+    staged: NotRequired[str | None]
     message: NotRequired[str | None]
     kwargs: NotRequired[JsonObject | None]
     fingerprint: NotRequired[Fingerprint | None]
@@ -121,8 +125,26 @@ class CheckpointRecord(TypedDict, total=False):
     verifications: dict[str, dict[str, Verification]]
 
 
+class ImageRecord(TypedDict):
+    """The read-only squashfs image of an env's build, inside its generation directory.
+
+    ``file`` is a plain file name relative to that directory, ``sha256`` the image's
+    digest (64 lower-case hex characters), ``size`` its length in bytes and
+    ``compression`` the mksquashfs compressor and level (``zstd-3``, ``lz4``).
+    """
+
+    file: str
+    sha256: str
+    size: int
+    compression: str
+
+
 class EnvRecord(TypedDict, total=False):
-    """An env's current build (written by ``install``) and its checkpoints."""
+    """An env's current build (written by ``install``) and its checkpoints.
+
+    ``image`` is None for a build made without an image (``install --no-image``,
+    images off for the root, or a build recorded before schema 3).
+    """
 
     build_id: str | None
     source_hash: str | None
@@ -132,6 +154,7 @@ class EnvRecord(TypedDict, total=False):
     python_path: str | None
     torch: str | None
     rootstock: str | None
+    image: ImageRecord | None
     checkpoints: dict[str, CheckpointRecord]
 
 
@@ -149,6 +172,7 @@ class Manifest(TypedDict):
 RECORD_TYPES: tuple[type, ...] = (
     Manifest,
     EnvRecord,
+    ImageRecord,
     CheckpointRecord,
     Verification,
     Reference,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,8 @@ from typing import Any
 from rootstock.install.manifest.schema import (
     BUILD_REF_FIELDS,
     ENV_BUILD_FIELDS,
+    IMAGE_FIELDS,
+    STAGED_MODES,
     VERIFICATION_STATES,
 )
 from rootstock.install.manifest.state import parse_time
@@ -39,13 +42,16 @@ from rootstock.names import is_cluster_name, is_device_name
 OPAQUE_DEPTH = 32
 DEVICE_KINDS = frozenset(("cpu", "gpu", "xpu"))
 STATES = frozenset(VERIFICATION_STATES)
-ENV_TEXT_FIELDS = tuple(f for f in ENV_BUILD_FIELDS if f != "built_at")
+# ``built_at`` is a timestamp and ``image`` an object: every other build field is text.
+ENV_TEXT_FIELDS = tuple(f for f in ENV_BUILD_FIELDS if f not in ("built_at", "image"))
 BUILD_TEXT_FIELDS = tuple(f for f in BUILD_REF_FIELDS if f != "built_at")
 
 _TOP_KEYS = frozenset(
     ("schema_version", "clusters", "created_at", "updated_at", "written_by", "envs")
 )
-_ENV_KEYS = frozenset((*ENV_TEXT_FIELDS, "built_at", "checkpoints"))
+_ENV_KEYS = frozenset((*ENV_TEXT_FIELDS, "built_at", "image", "checkpoints"))
+_IMAGE_KEYS = frozenset(IMAGE_FIELDS)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _CHECKPOINT_KEYS = frozenset(("fetched_at", "files", "verifications"))
 #: The most entries a checkpoint's ``files`` may list; a download that brings more
 #: is recorded without ``files`` (unattributed: ``prune`` never deletes its weights).
@@ -56,6 +62,7 @@ _RECORD_KEYS = frozenset(
         "at",
         "device",
         "device_kind",
+        "staged",
         "message",
         "kwargs",
         "fingerprint",
@@ -190,6 +197,9 @@ class _Walk:
         for field in ENV_TEXT_FIELDS:
             _text_or_null(env, where, field)
         self.time_or_null(env, where, "built_at")
+        image = env.get("image")
+        if image is not None:
+            _image(image, (*where, "image"))
         checkpoints = env.get("checkpoints", _MISSING)
         if checkpoints is not _MISSING:
             if not isinstance(checkpoints, dict):
@@ -255,6 +265,13 @@ class _Walk:
             if kind not in DEVICE_KINDS:
                 where_kind = json_path((*where, "device_kind"))
                 self.names.append(StoredName("device kind", kind, where_kind))
+        staged = get("staged")
+        if staged is not None and not isinstance(staged, str):
+            # Any text is read (a later rootstock may stage another way); writers
+            # store only STAGED_MODES.
+            raise SchemaProblem(
+                (*where, "staged"), _must(f"{_one_of(STAGED_MODES)} or null", staged)
+            )
         message = get("message")
         if message is not None and not isinstance(message, str):
             raise SchemaProblem((*where, "message"), _must("text or null", message))
@@ -360,6 +377,54 @@ def cache_path_problem(value: Any) -> str | None:
     if any(part in ("", ".", "..") for part in value.split("/")):
         return f"must be a clean relative path (no empty, '.' or '..' part), not {describe(value)}"
     return None
+
+
+def image_problem(value: Any) -> str | None:
+    """Why ``value`` is not an env's ``image`` record (nor null), or None.
+
+    The message starts with the field at fault (``sha256: must be ...``) when it is
+    one of the record's. Unknown keys are refused here, where a writer hands in a
+    record; a reader tolerates them (:func:`check_manifest`).
+    """
+    if value is None:
+        return None
+    try:
+        _image(value, ())
+    except SchemaProblem as exc:
+        return str(exc)
+    if isinstance(value, dict) and not value.keys() <= _IMAGE_KEYS:
+        return f"unknown keys {sorted(value.keys() - _IMAGE_KEYS)}"
+    return None
+
+
+def image_file_problem(value: Any) -> str | None:
+    """Why ``value`` is not an image's ``file``: a plain name in the generation directory."""
+    if not isinstance(value, str) or not value:
+        return _must("a file name (non-empty text)", value)
+    if "/" in value or "\0" in value or value in (".", ".."):
+        return f"must be a plain file name (no '/' or NUL, not '.' or '..'), not {describe(value)}"
+    return None
+
+
+def _image(image: Any, where: Path) -> None:
+    """An env's ``image``: ``{file, sha256, size, compression}``, each field checked."""
+    if not isinstance(image, dict):
+        raise SchemaProblem(
+            where, _must("an object {file, sha256, size, compression} or null", image)
+        )
+    problem = image_file_problem(image.get("file", _MISSING))
+    if problem:
+        raise SchemaProblem((*where, "file"), problem)
+    digest = image.get("sha256", _MISSING)
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise SchemaProblem((*where, "sha256"), _must("64 lower-case hex characters", digest))
+    size = image.get("size", _MISSING)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise SchemaProblem((*where, "size"), _must("a non-negative integer (bytes)", size))
+    compression = image.get("compression", _MISSING)
+    if not isinstance(compression, str) or not compression:
+        raise SchemaProblem((*where, "compression"), _must("non-empty text", compression))
+    _unknown(image, _IMAGE_KEYS, where)
 
 
 def _files(files: Any, where: Path) -> None:

@@ -81,7 +81,7 @@ def visible_devices(device: str) -> str:
 def worker_key(spec: WorkerSpec) -> WorkerKey:
     """The key of the worker ``spec`` would start now (reads the env's source file)."""
     layout = spec.layout
-    generation = os.path.realpath(layout.env_dir(spec.env_name))
+    generation = str(layout.generation(spec.env_name))
     source = os.path.join(generation, os.path.basename(spec.env_source))
     try:
         with open(source, "rb") as fh:

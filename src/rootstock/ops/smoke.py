@@ -23,7 +23,8 @@ from rootstock.errors import UsageError
 from rootstock.install.envfile import EnvFile
 from rootstock.install.envs import scan_installed_envs
 from rootstock.install.layout import InstallLayout
-from rootstock.install.manifest import load_manifest, record_verification, resolve_cluster
+from rootstock.install.machine import resolve_cluster
+from rootstock.install.manifest import load_manifest, record_verification
 from rootstock.install.perms import maintainer_umask
 from rootstock.ops.checkpoints import (
     broken_build,

@@ -27,7 +27,7 @@ Rootstock's dialect (see docs/protocol.md) adds two things and changes no frame:
   the values of the extras the client asked for in ``INIT`` (``extras``);
 * ``BATCH`` (client to worker) and ``BATCHREADY`` (its answer) carry many
   structures in one round trip: header, int32 body length, body. The bodies (and
-  the reply reader) are :mod:`rootstock.runtime.batch_wire`'s; a worker answers a
+  the reply reader) are :mod:`rootstock.wire.batch`'s; a worker answers a
   BATCH that fails as a whole with ``ERROR``. Neither is ever sent to or by a
   standard i-PI peer.
 
@@ -45,14 +45,11 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from rootstock.errors import ProtocolError
-
-if TYPE_CHECKING:
-    from rootstock.runtime.batch_wire import BatchRequest
 
 log = logging.getLogger("rootstock.wire")
 
@@ -98,6 +95,10 @@ _WORDS = {
 #: not an option, so a worker in an env built by an older rootstock still starts
 #: (it writes nothing, and its fetch is recorded from the cache scan alone).
 DOWNLOAD_RESULT_ENV = "ROOTSTOCK_DOWNLOAD_RESULT"
+#: ``1``: the worker refuses, before ``setup()``, a ``--device`` this node does not
+#: show (verification sets it). A variable for the same reason: an older worker
+#: ignores it, and its pass is recorded on the device it was asked for.
+CHECK_DEVICE_ENV = "ROOTSTOCK_CHECK_DEVICE"
 
 # What a model may compute beyond energy, forces and stress, under ASE's names; the
 # client asks for them in INIT and they come back in the FORCEREADY extra JSON.
@@ -435,7 +436,7 @@ def _read_natoms(stream: FrameStream, what: str) -> int:
     return natoms
 
 
-def _read_length(stream: FrameStream, what: str) -> int:
+def read_length(stream: FrameStream, what: str) -> int:
     length = stream.read_int32()
     if length < 0 or length > MAX_PAYLOAD:
         raise ProtocolError(f"{what} declares {length} bytes (allowed: 0..{MAX_PAYLOAD})")
@@ -454,35 +455,8 @@ def read_posdata_body(stream: FrameStream) -> PosData:
 def read_init_body(stream: FrameStream) -> Init:
     """The body of an ``INIT`` frame (after its header)."""
     bead = stream.read_int32()
-    length = _read_length(stream, "INIT")
+    length = read_length(stream, "INIT")
     return Init(bead=bead, payload=stream.read_bytes(length))
-
-
-def read_message(
-    stream: FrameStream, body_timeout: float | None = None
-) -> str | Init | PosData | BatchRequest:
-    """The next server-to-worker message: a word (STATUS, GETFORCE, EXIT), Init, PosData
-    or (dialect) a :class:`~rootstock.runtime.batch_wire.BatchRequest`.
-
-    The header may take as long as the server likes (an idle worker waits); once it
-    has arrived, the body must follow within ``body_timeout`` seconds. Replies
-    (READY, FORCEREADY, ...) arriving at the worker are protocol errors.
-    """
-    word = stream.read_header()
-    if body_timeout is not None:
-        stream.set_deadline(body_timeout)
-    if word == "POSDATA":
-        return read_posdata_body(stream)
-    if word == "INIT":
-        return read_init_body(stream)
-    if word == "BATCH":
-        # Imported here: batch_wire builds on this module.
-        from rootstock.runtime.batch_wire import decode_batch_body
-
-        return decode_batch_body(stream.read_bytes(_read_length(stream, "BATCH")))
-    if word in ("STATUS", "GETFORCE", "EXIT"):
-        return word
-    raise ProtocolError(f"the {stream.peer} sent {word}, which only a worker may send")
 
 
 def read_forceready_body(stream: FrameStream, natoms: int | None = None) -> ForceReply:
@@ -494,13 +468,13 @@ def read_forceready_body(stream: FrameStream, natoms: int | None = None) -> Forc
         raise ProtocolError(f"FORCEREADY carries {count} atoms but {natoms} were sent")
     forces = stream.read_float64s(3 * count, HARTREE / BOHR).reshape(count, 3)
     virial = stream.read_float64s(9, HARTREE).reshape(3, 3).T
-    extra = stream.read_bytes(_read_length(stream, "FORCEREADY extra"))
+    extra = stream.read_bytes(read_length(stream, "FORCEREADY extra"))
     return ForceReply(energy=energy * HARTREE, forces=forces, virial=virial, extra=extra)
 
 
 def read_error_body(stream: FrameStream) -> ErrorReply:
     """The body of an ``ERROR`` frame (rootstock dialect)."""
-    data = _loads(stream.read_bytes(_read_length(stream, "ERROR")), "ERROR")
+    data = _loads(stream.read_bytes(read_length(stream, "ERROR")), "ERROR")
     if not isinstance(data, dict):
         raise ProtocolError("ERROR payload is not a JSON object")
     known = {"type", "message", "traceback", "phase"}

@@ -27,8 +27,8 @@ import struct
 from dataclasses import dataclass
 
 from rootstock.errors import ProtocolError
-from rootstock.runtime.batch_wire import decode_batch_body
-from rootstock.runtime.protocol import (
+from rootstock.wire.batch import decode_batch_body
+from rootstock.wire.framing import (
     ERROR,
     EXIT,
     FORCEREADY,

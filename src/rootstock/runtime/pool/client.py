@@ -32,8 +32,8 @@ from rootstock.errors import (
     WorkerError,
     WorkerTimeout,
 )
-from rootstock.runtime.pool import DEFAULT_IDLE_TIMEOUT, START_MARK
-from rootstock.runtime.pool_dir import (
+from rootstock.runtime.pool.daemon import DEFAULT_IDLE_TIMEOUT, START_MARK
+from rootstock.runtime.pool.directory import (
     PoolFileError,
     PoolFiles,
     daemon_alive,
@@ -41,12 +41,13 @@ from rootstock.runtime.pool_dir import (
     open_pool_file,
     read_json,
 )
-from rootstock.runtime.pool_relay import RELAY_VERSION, encode_deadline
-from rootstock.runtime.protocol import EXIT, READY, STATUS, ErrorReply, FrameStream, PeerClosed
+from rootstock.runtime.pool.relay import RELAY_VERSION, encode_deadline
 from rootstock.runtime.server import peer_uid
 from rootstock.runtime.session import WorkerSession
+from rootstock.runtime.spawn import StartOptions, start_process
 from rootstock.runtime.spec import WorkerSpec
-from rootstock.runtime.worker_key import WorkerKey
+from rootstock.runtime.worker_keys import WorkerKey
+from rootstock.wire.framing import EXIT, READY, STATUS, ErrorReply, FrameStream, PeerClosed
 
 POLL_S = 0.05
 # A pooled call waits this long past its timeout for the daemon's own verdict
@@ -56,7 +57,7 @@ VERDICT_GRACE_S = 10.0
 _Reply = TypeVar("_Reply")
 # A daemon that answers STATUS slower than this is not ready (or not a daemon).
 HANDSHAKE_S = 10.0
-DAEMON_MODULE = "rootstock.runtime.pool"
+DAEMON_MODULE = "rootstock.runtime.pool.daemon"
 
 
 @dataclass(frozen=True)
@@ -160,14 +161,7 @@ def _spawn_daemon(
     try:
         # Detached: it outlives this process, and holds none of its lifelines
         # (close_fds), so only its own worker is tied to it.
-        return subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=subprocess.STDOUT,
-            close_fds=True,
-            start_new_session=True,
-        )
+        return start_process(argv, StartOptions(stdout=log_fd))
     finally:
         os.close(log_fd)
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rootstock.errors import ProtocolError
-from rootstock.runtime.protocol import (
+from rootstock.wire.framing import (
     BATCH,
     BATCHREADY,
     EXTRA_PROPERTIES,

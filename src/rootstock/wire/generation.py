@@ -21,19 +21,23 @@ import sys
 
 #: The lock file's name inside a generation directory.
 GENERATION_LOCK = ".rootstock-generation.lock"
+#: Set for a worker started from a node-local stage: the shared generation it was
+#: staged from, which it holds instead of its own prefix (the stage).
+GENERATION_ENV = "ROOTSTOCK_GENERATION"
 
 _held: list[int] = []
 
 
-def hold_generation(prefix: str | None = None) -> str | None:
-    """Take the shared lock of the generation ``prefix`` (default ``sys.prefix``) is.
+def hold_generation(prefix: str | None = None, *, resolved: bool = False) -> str | None:
+    """Take the shared lock of the generation ``prefix`` (default ``sys.prefix``) is;
+    ``resolved``: ``prefix`` is already the real path (no lookups to resolve it).
 
     Returns the generation directory locked, or None when there is nothing to hold
     (an env built before generation locks existed, a plain venv) or the lock is
     refused right now (a prune holds it exclusively: it is about to go, and the
     worker runs on regardless, as it always did).
     """
-    generation = os.path.realpath(prefix if prefix is not None else sys.prefix)
+    generation = prefix if resolved and prefix else os.path.realpath(prefix or sys.prefix)
     try:
         fd = os.open(os.path.join(generation, GENERATION_LOCK), os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

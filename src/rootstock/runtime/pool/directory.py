@@ -1,6 +1,6 @@
 """The user's private pool directory and the files each pooled worker keeps there.
 
-A pool daemon (:mod:`rootstock.runtime.pool`) binds its socket in
+A pool daemon (:mod:`rootstock.runtime.pool.daemon`) binds its socket in
 ``$XDG_RUNTIME_DIR/rootstock``, or, where that variable is unset (common in batch
 jobs), in ``/tmp/rootstock-<uid>``. The directory is made with mode 0700; an
 existing one is used only if it is a real directory (no symlink) owned by us with
@@ -8,7 +8,7 @@ mode exactly 0700. Anything else is refused with the reason and the fix: a
 directory someone else can enter could hold a planted socket, and rootstock never
 changes the mode of a directory it did not make.
 
-Per worker key (:attr:`~rootstock.runtime.worker_key.WorkerKey.digest`) the
+Per worker key (:attr:`~rootstock.runtime.worker_keys.WorkerKey.digest`) the
 directory holds ``<digest>.sock`` (the daemon's socket, 0600), ``<digest>.json``
 (its state, written aside and renamed), ``<digest>.lock`` (the start lock),
 ``<digest>.log`` (the daemon's own output) and, when the worker failed ``setup()``,

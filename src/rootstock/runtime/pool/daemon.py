@@ -1,7 +1,7 @@
 """The pool daemon: one warm worker shared by the user's processes on a node.
 
-``python -m rootstock.runtime.pool --spec JSON --digest D ...`` is started by
-:func:`rootstock.runtime.pool_client.ensure_daemon`, detached (its own session,
+``python -m rootstock.runtime.pool.daemon --spec JSON --digest D ...`` is started by
+:func:`rootstock.runtime.pool.client.ensure_daemon`, detached (its own session,
 stdin /dev/null, output to ``<digest>.log`` in the pool directory). It spawns the
 worker as any session does (the worker never binds, and holds the daemon's
 lifeline, so a killed daemon takes its worker along), checks that ``setup()``
@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from rootstock.errors import ProtocolError, RootstockError, WorkerDiedError, WorkerError
-from rootstock.runtime.pool_dir import (
+from rootstock.runtime.pool.directory import (
     STATE_SCHEMA,
     PoolFiles,
     check_private_dir,
@@ -60,7 +60,7 @@ from rootstock.runtime.pool_dir import (
     utc_now,
     write_json_atomic,
 )
-from rootstock.runtime.pool_relay import (
+from rootstock.runtime.pool.relay import (
     BATCH,
     DEADLINE,
     RELAY_VERSION,
@@ -74,7 +74,11 @@ from rootstock.runtime.pool_relay import (
     read_client_frame,
     read_worker_reply,
 )
-from rootstock.runtime.protocol import (
+from rootstock.runtime.server import owner_record, peer_uid
+from rootstock.runtime.session import WorkerSession
+from rootstock.runtime.spec import WorkerSpec
+from rootstock.runtime.worker_keys import worker_key
+from rootstock.wire.framing import (
     ERROR,
     EXIT,
     GETFORCE,
@@ -89,10 +93,6 @@ from rootstock.runtime.protocol import (
     encode_error,
     encode_posdata,
 )
-from rootstock.runtime.server import owner_record, peer_uid
-from rootstock.runtime.session import WorkerSession
-from rootstock.runtime.spec import WorkerSpec
-from rootstock.runtime.worker_key import worker_key
 
 log = logging.getLogger("rootstock.pool")
 
@@ -599,7 +599,7 @@ def start_failure_record(exc: WorkerError) -> dict[str, Any]:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m rootstock.runtime.pool")
+    parser = argparse.ArgumentParser(prog="python -m rootstock.runtime.pool.daemon")
     parser.add_argument("--spec", required=True, help="the worker spec as JSON")
     parser.add_argument("--digest", required=True, help="the worker key digest")
     parser.add_argument("--pool-dir", required=True, help="the private pool directory")
