@@ -58,6 +58,31 @@ def pytest_configure(config: pytest.Config) -> None:
     # Builds pack no image unless a test asks (install --image): an image costs each
     # build seconds and a hundred MB or more of disk.
     os.environ.setdefault(IMAGES_ENV, "0")
+    if made is not None:
+        _let_workers_finish_their_exit()
+
+
+#: How long pytest-xdist waits for a worker to exit before it kills it (its own is 10 s).
+WORKER_EXIT_S = 180
+
+
+def _let_workers_finish_their_exit() -> None:
+    """Give each pytest-xdist worker time to run its exit finalizers.
+
+    A worker's calculators that a test left open (a cache such as quacc's) are closed
+    at its exit, by the finalizers that stop their workers and remove their run dirs.
+    Whatever was registered at exit after them (a Parsl or Dask shutdown) runs first,
+    and on a loaded machine the whole exit may take more than xdist's 10 s; a worker
+    killed then leaves its run dirs, which the leftovers check reports (a fresh-clone
+    run once failed so, on two workers' run dirs). Waiting longer keeps the product's
+    own exit path under test; a worker still alive after that is killed, and what it
+    left is reported as before.
+    """
+    try:
+        from xdist.workermanage import NodeManager
+    except ImportError:  # pytest-xdist not installed: one process, nothing to wait for
+        return
+    NodeManager.EXIT_TIMEOUT = max(NodeManager.EXIT_TIMEOUT, WORKER_EXIT_S)
 
 
 #: The longest test files (the timing report that scripts/test writes), longest first.

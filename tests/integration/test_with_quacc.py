@@ -6,11 +6,9 @@ each test clears that cache and checks that no worker outlives it.
 
 from __future__ import annotations
 
-import gc
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,8 +29,8 @@ from quacc.runners.ase import Runner
 from quacc.schemas.ase import Summarize
 
 import rootstock
-from rootstock.runtime.calculator import RootstockCalculator
 from tests.integration.killing import is_running
+from tests.integration.quacc_cache import emptied_quacc_cache
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(600)]
 
@@ -40,34 +38,14 @@ DOCS = Path(__file__).parents[2] / "docs" / "integrations.md"
 EXAMPLE = re.compile(r"<!-- example: quacc -->\s*```python\n(.*?)```\s*<!-- /example -->", re.S)
 
 
-def _workers_of_cached_calculators() -> list[int]:
-    """Worker pids of the calculators quacc's cache holds now (it exposes no values).
-
-    The heap may also hold a calculator whose constructor raised (another test's
-    ``pytest.raises`` keeps its traceback alive): it never had a worker, and a
-    property of it may raise AttributeError, so it counts as none.
-    """
-    calculators = [obj for obj in gc.get_objects() if isinstance(obj, RootstockCalculator)]
-    pids = [getattr(calc, "worker_pid", None) for calc in calculators]
-    return [pid for pid in pids if pid is not None]
-
-
 @pytest.fixture
 def quacc_env(tmp_path: Path, fake_built_root: Path) -> Iterator[dict]:
     """quacc's dirs under tmp_path, a clean cache, and no worker left afterwards."""
-    pick_calculator.__wrapped__.cache_clear()
     results = tmp_path / "results"
     results.mkdir()
     changes = {"RESULTS_DIR": results, "SCRATCH_DIR": tmp_path / "scratch"}
-    with change_settings(changes):
+    with emptied_quacc_cache(), change_settings(changes):
         yield {"checkpoint": "emt", "root": str(fake_built_root), "device": "cpu"}
-    pids = _workers_of_cached_calculators()
-    pick_calculator.__wrapped__.cache_clear()
-    gc.collect()
-    deadline = time.monotonic() + 10
-    while any(is_running(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in pids if is_running(p)], "a worker outlived quacc's cache"
 
 
 def _emt_static(atoms: Atoms) -> tuple[float, np.ndarray]:

@@ -30,6 +30,7 @@ from ase import Atoms
 from ase.build import bulk
 
 from rootstock.runtime.calculator import RootstockCalculator
+from tests.integration.quacc_cache import emptied_quacc_cache
 
 pytestmark = [pytest.mark.mlip, pytest.mark.timeout(600)]
 
@@ -80,12 +81,9 @@ def direct(chgnet_env_root: Path) -> Iterator[Direct]:
 
 @pytest.fixture
 def quacc_cache() -> Iterator[None]:
-    """quacc's calculator cache, cleared after the test so its worker stops."""
-    from quacc.recipes.mlip._base import pick_calculator
-
-    pick_calculator.__wrapped__.cache_clear()
-    yield
-    pick_calculator.__wrapped__.cache_clear()
+    """quacc's calculator cache, emptied around the test; its worker must stop."""
+    with emptied_quacc_cache():
+        yield
 
 
 def test_quacc_static_job_on_chgnet(chgnet_root: Path, quacc_cache: None, direct: Direct) -> None:
