@@ -45,12 +45,13 @@ SECURITY_HEADERS = {
 }
 
 # The order of the legend and the state filter: best to worst, then not checked.
-PAGE_STATES = ("verified", "stale", "drifted", "failed", "fetched", "not fetched")
+PAGE_STATES = ("verified", "stale", "drifted", "failed", "tampered", "fetched", "not fetched")
 STATE_HELP = {
     "verified": "last check matched the reference fingerprint",
     "stale": "env rebuilt or hotfixed since the last check",
     "drifted": "ran, but moved beyond tolerance from the reference",
     "failed": "last check failed",
+    "tampered": "a weight file changed since it was added; the model was not run",
     "fetched": "weights downloaded, never checked here",
     "not fetched": "declared, weights not downloaded",
 }

@@ -41,7 +41,7 @@ from rootstock.install.manifest import (
     Verification,
     parse_time,
 )
-from rootstock.install.manifest.types import ImageRecord
+from rootstock.install.manifest.types import ImageRecord, WeightFile
 from rootstock.names import CLUSTER_NAME_PATTERN
 
 INT32 = 2**31 - 1  # the Integer columns' range on PostgreSQL
@@ -231,6 +231,7 @@ VerificationIn = derive_record(
         "build": NotRequired[BuildRefIn | None],
     },
 )
+WeightFileIn = derive_record(WeightFile, "WeightFile")
 CheckpointIn = derive_record(
     CheckpointRecord,
     "CheckpointEntry",
