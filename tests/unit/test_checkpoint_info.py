@@ -6,6 +6,7 @@ manifest records written through the manifest API), so no uv and no worker run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import textwrap
@@ -23,6 +24,9 @@ from rootstock.install.manifest import (
     record_verification,
 )
 from rootstock.ops.status import status
+from rootstock.runtime.provenance import build_provenance
+from rootstock.runtime.spec import WorkerSpec
+from rootstock.version import __version__
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("private_config")]
 
@@ -270,3 +274,34 @@ def test_status_shows_a_gated_checkpoint_not_yet_fetched_as_gated(layout):
     assert before["toy-open"]["state"] == "verified"
     record_fetch(layout, "toy", "toy-gated", files=[])
     assert states()["toy-gated"]["state"] == "fetched"  # access was granted once
+
+
+def test_provenance_reads_the_build_the_lock_and_the_recorded_hashes(layout):
+    """What a calculator's provenance says, from the same files ``info`` reads."""
+    spec = WorkerSpec(layout=layout, checkpoint="toy-open", env_name="toy", cluster="testbox")
+    provenance = build_provenance(spec)
+    assert provenance == {
+        "checkpoint": "toy-open",
+        "env": "toy",
+        "build_id": BUILD_ID,
+        "lockfile_sha256": hashlib.sha256(LOCK.encode()).hexdigest(),
+        "packages": {"toy-model": "1.2.0", "torch": "2.7.1", "ase": "3.29.0", "numpy": "2.4.6"},
+        # Only the file add hashed; the unhashed one has no digest to give.
+        "weights": {"cache/toy/open.pt": "ab" * 32},
+        "rootstock_version": __version__,
+        "cluster": "testbox",
+        "device": None,
+    }
+    # A checkpoint with no recorded files has no hashes.
+    gated = build_provenance(WorkerSpec(layout=layout, checkpoint="toy-gated", env_name="toy"))
+    assert gated["weights"] == {}
+
+
+def test_provenance_of_a_build_whose_env_file_broke_keeps_what_it_can(layout):
+    (layout.env_dir("toy") / "env_source.py").write_text("def setup(:\n")
+    provenance = build_provenance(WorkerSpec(layout=layout, checkpoint="toy-open", env_name="toy"))
+    assert provenance["packages"] == {}
+    assert (provenance["build_id"], provenance["weights"]) == (
+        BUILD_ID,
+        {"cache/toy/open.pt": "ab" * 32},
+    )

@@ -10,7 +10,6 @@ It only reads: the env file, the build's metadata and lockfile, and the manifest
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -24,11 +23,7 @@ from rootstock.install.manifest import (
     checkpoint_state,
     load_manifest,
 )
-from rootstock.install.parsing import ParseProblem, loads_toml, read_regular_file
-
-# A torch env's lockfile is a few MB at most; a larger one is not a lockfile we wrote.
-_MAX_LOCK_BYTES = 64 << 20
-_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
+from rootstock.runtime import read_env_lock, resolved_versions
 
 
 class BuildInfo(TypedDict):
@@ -135,53 +130,15 @@ def build_info(layout: InstallLayout, env: EnvFile) -> BuildInfo | None:
     if meta is None:
         return None
     probed = meta.get("versions") or {}
-    lockfile = layout.env_dir(env.name) / "env_source.py.lock"
-    locked = _locked_versions(lockfile)
-    names = [*(_requirement_name(d) for d in env.dependencies), "torch"]
-    packages: dict[str, str | None] = {}
-    for name in dict.fromkeys(n for n in names if n):
-        versions = locked.get(name, [])
-        if len(versions) == 1:
-            packages[name] = versions[0]
-        elif probed.get(name) in versions or (not versions and probed.get(name)):
-            packages[name] = probed[name]  # the lock's version for this env's Python
-        else:
-            packages[name] = " or ".join(versions) or None
+    lock = read_env_lock(layout, env.name)
     return {
         "build_id": meta.get("build_id"),
         "built_at": meta.get("built_at"),
         "python": probed.get("python"),
-        "lockfile": str(lockfile) if locked else None,
-        "packages": packages,
+        "lockfile": str(lock.path) if lock is not None and lock.versions else None,
+        "packages": resolved_versions(env.dependencies, lock, probed),
         "image": meta.get("image"),
     }
-
-
-def _requirement_name(requirement: str) -> str | None:
-    found = _REQUIREMENT_NAME.match(requirement)
-    return _normalized(found.group(1)) if found else None
-
-
-def _normalized(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def _locked_versions(lockfile: Path) -> dict[str, list[str]]:
-    """``{package: [versions]}`` of a uv script lock; empty if there is none, or if it
-    cannot be read (an env built without a lock)."""
-    try:
-        lock = loads_toml(read_regular_file(lockfile, _MAX_LOCK_BYTES))
-    except (OSError, ParseProblem):
-        return {}
-    versions: dict[str, list[str]] = {}
-    for package in lock.get("package") or []:
-        if isinstance(package, dict) and isinstance(package.get("name"), str):
-            version = package.get("version")
-            if isinstance(version, str):
-                found = versions.setdefault(_normalized(package["name"]), [])
-                if version not in found:
-                    found.append(version)
-    return versions
 
 
 def weight_files(cache_root: Path, entry: CheckpointRecord) -> list[WeightInfo] | None:
