@@ -332,3 +332,24 @@ def test_sync_plans_a_verify_for_changed_weights_and_a_tampered_checkpoint():
         ("verify", "emt/a", WEIGHTS_CHANGED),
         ("verify", "emt/b", "tampered last time: synthetic tampered"),
     ]
+
+
+def test_sync_reads_only_the_weights_in_its_scope(layout: InstallLayout):
+    from rootstock.ops.sync import read_install_state
+
+    for env_name in ("emt", "other"):
+        path = put(layout, f"cache/{env_name}.pt", b"the weights")
+        weights, _ = weigh_files(layout.cache_root, [f"cache/{env_name}.pt"])
+        record_fetch(layout, env_name, "m", files=[f"cache/{env_name}.pt"], weights=weights)
+        flip_keeping_stat(path)  # only a full re-hash sees it
+
+    def changed(scope: SyncOptions | None, rehash: bool = True) -> frozenset:
+        state = read_install_state(
+            layout, "alpha", "cpu", verifying=True, rehash=rehash, scope=scope
+        )
+        return state.weights_changed
+
+    assert changed(None) == {("emt", "m"), ("other", "m")}
+    assert changed(SyncOptions(envs=frozenset({"emt"}))) == {("emt", "m")}
+    assert changed(SyncOptions(checkpoints=frozenset({"n"}))) == frozenset()
+    assert changed(None, rehash=False) == frozenset()  # size and mtime kept: a stat passes

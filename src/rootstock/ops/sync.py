@@ -202,13 +202,15 @@ def read_install_state(
     *,
     verifying: bool,
     rehash: bool = False,
+    scope: SyncOptions | None = None,
 ) -> InstallState:
     """One read of everything the planner looks at: no uv, no worker.
 
     The cluster is resolved as ``add`` does when ``verifying`` (a shared install
     needs ``--cluster``); otherwise a cluster that cannot be told is None. When
-    ``verifying``, each checkpoint's recorded weight files are stat'ed (``rehash``:
-    read and hashed in full), so a changed one is planned for verification.
+    ``verifying``, the recorded weight files of each checkpoint in ``scope`` (its
+    ``--env`` and ``--checkpoint``; all when None) are stat'ed (``rehash``: read and
+    hashed in full), so a changed one is planned for verification.
     """
     from rootstock.version import __version__
 
@@ -221,7 +223,11 @@ def read_install_state(
         except UsageError:
             machine = None  # a shared install: builds and downloads serve every cluster
     found = scan_installed_envs(layout)
-    weights_changed = _weights_changed(layout, manifest, rehash) if verifying else frozenset()
+    weights_changed = (
+        _weights_changed(layout, manifest, rehash, scope or SyncOptions())
+        if verifying
+        else frozenset()
+    )
     envs: dict[str, BuiltEnv] = {}
     for env in found.envs:
         meta = read_env_metadata(layout, env.name) or {}
@@ -256,7 +262,7 @@ def read_install_state(
 
 
 def _weights_changed(
-    layout: InstallLayout, manifest: Manifest, rehash: bool
+    layout: InstallLayout, manifest: Manifest, rehash: bool, scope: SyncOptions
 ) -> frozenset[tuple[str, str]]:
     """``(env, id)`` of each checkpoint whose recorded weight files changed size or
     mtime (a stat each; ``rehash``: size or sha256, every file read), or that a worker
@@ -269,9 +275,11 @@ def _weights_changed(
 
     changed = set()
     for env_name, env in manifest.get("envs", {}).items():
+        if scope.envs and env_name not in scope.envs:
+            continue  # out of scope: never read (--rehash would hash it all)
         for checkpoint, entry in (env.get("checkpoints") or {}).items():
             weights = entry.get("weights")
-            if not weights:
+            if not weights or (scope.checkpoints and checkpoint not in scope.checkpoints):
                 continue
             if rehash:
                 differs = not check_weights(layout.cache_root, weights, rehash=True).ok
@@ -313,7 +321,12 @@ def prepare_sync(
     """
     declared, rejected = read_declared(source)
     state = read_install_state(
-        layout, cluster, device, verifying="verify" in options.phases, rehash=rehash
+        layout,
+        cluster,
+        device,
+        verifying="verify" in options.phases,
+        rehash=rehash,
+        scope=options,
     )
     check_scope(declared, rejected, state, options, source.label)
     plan = plan_sync(state, declared, options, rejected)
