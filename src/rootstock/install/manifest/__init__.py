@@ -37,7 +37,6 @@ from rootstock.install.manifest.records import (
     record_env_build,
     record_fetch,
     record_verification,
-    record_weights,
 )
 from rootstock.install.manifest.schema import (
     ENV_BUILD_FIELDS,
@@ -73,7 +72,6 @@ from rootstock.install.manifest.types import (
     Reference,
     Verification,
     VerificationState,
-    WeightFile,
 )
 
 __all__ = [
@@ -99,7 +97,6 @@ __all__ = [
     "Reference",
     "Verification",
     "VerificationState",
-    "WeightFile",
     "canonical_kwargs",
     "checkpoint_state",
     "cluster_view",
@@ -117,7 +114,6 @@ __all__ = [
     "record_env_build",
     "record_fetch",
     "record_verification",
-    "record_weights",
     "update_manifest",
     "utc_now",
 ]
