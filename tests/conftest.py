@@ -131,9 +131,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     factory = getattr(session.config, "_tmp_path_factory", None)
     temp_roots = [factory.getbasetemp()] if factory is not None else []
     found = find_leftovers(made, made / "tmp", temp_roots)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if found.swept and reporter is not None:
+        reporter.write_line(
+            "swept the run dirs of processes that had died (as the next worker start "
+            f"would): {', '.join(p.name for p in found.swept)}"
+        )
     if not found:
         return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     lines = ["the test run left these behind (now removed):", *found.lines()]
     if reporter is not None:
         reporter.write_sep("=", "leftovers", red=True)

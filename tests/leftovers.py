@@ -7,7 +7,9 @@ run, the first pytest process looks for every process of its user whose environm
 holds that exact assignment, for mounts below the run's directories, and for run
 directories (``rootstock-*``) left in the run's ``$TMPDIR``, and for node-local stage
 directories (``.rootstock-stage-*``) there or in the tests' temp dirs. Anything found fails
-the run, named, and is then removed, so that nothing outlives the run either way.
+the run, named, and is then removed, so that nothing outlives the run either way. A run
+dir whose owner has died is first removed by the product's own sweep, which every new
+run dir's maker runs (the run's end has no next maker): it is reported, not failed.
 ``rootstock-<uid>`` is not a run dir but the user's lasting directory (the pool and
 compiler cache fallback), which the product's own sweep of dead run dirs skips too.
 
@@ -28,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rootstock.runtime.server import sweep_dead_run_dirs
 from tests.run_cache import RUN_DIR_ENV
 
 #: Time for teardowns still under way (xdist workers exiting, daemons idling out).
@@ -42,6 +45,9 @@ class Leftovers:
     mounts: list[str] = field(default_factory=list)
     run_dirs: list[Path] = field(default_factory=list)
     stages: list[Path] = field(default_factory=list)
+    #: Run dirs of processes that had died, removed by the product's own sweep (the
+    #: one every new run dir's maker runs): reported, not a failure.
+    swept: list[Path] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.processes or self.mounts or self.run_dirs or self.stages)
@@ -132,6 +138,15 @@ def find_leftovers(
     lasting = f"{RUN_DIR_PREFIX}{os.getuid()}"
     # A run dir's name carries its maker's pid: rootstock-<pid>-<random>.
     ours = {f"{RUN_DIR_PREFIX}{pid}-" for pid in _descendants() | {os.getpid()}}
+    # A run dir whose maker died (killed, or a pytest-xdist worker stopped before its
+    # exit finalizers ran) is removed by the next maker's sweep in the product; at the
+    # end of the run there is no next maker, so the same sweep runs here. What is
+    # left after it belongs to a live process, or has no owner record.
+    swept = [
+        p
+        for p in sweep_dead_run_dirs(tmp_dir)
+        if not any(p.name.startswith(prefix) for prefix in ours)
+    ]
     run_dirs = []
     with contextlib.suppress(OSError):
         run_dirs = sorted(
@@ -142,7 +157,11 @@ def find_leftovers(
             and not any(p.name.startswith(prefix) for prefix in ours)
         )
     return Leftovers(
-        processes, mounts_below([run_dir, *temp_roots]), run_dirs, stage_dirs(tmp_dir, temp_roots)
+        processes,
+        mounts_below([run_dir, *temp_roots]),
+        run_dirs,
+        stage_dirs(tmp_dir, temp_roots),
+        sorted(swept),
     )
 
 

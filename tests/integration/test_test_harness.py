@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rootstock.runtime.server import owner_record, write_owner
 from tests.leftovers import find_leftovers, remove_leftovers
 from tests.run_cache import RUN_DIR_ENV, link_live_tree, shared_build
 
@@ -91,6 +92,14 @@ def test_leftovers_name_the_run_s_processes_and_run_dirs_and_remove_them(tmp_pat
         timeout=30,
     )
     leftover = int(started.stdout)
+    # A run dir whose owner lives is a leftover; one whose owner died is swept, as the
+    # product's next maker of a run dir would (reported, not a failure).
+    write_owner(run_dir / "tmp" / "rootstock-123-abc", owner_record(leftover))
+    dead = subprocess.Popen(["true"])
+    dead.wait(timeout=30)
+    swept = run_dir / "tmp" / f"rootstock-{dead.pid}-dead"
+    swept.mkdir()
+    write_owner(swept, owner_record(dead.pid))
     other = subprocess.Popen(
         ["sleep", "300"], env={**os.environ, RUN_DIR_ENV: str(tmp_path / "another-run")}
     )
@@ -102,6 +111,7 @@ def test_leftovers_name_the_run_s_processes_and_run_dirs_and_remove_them(tmp_pat
         assert [pid for pid, _ in found.processes] == [leftover]
         assert "sleep 300" in found.lines()[0]
         assert found.run_dirs == [run_dir / "tmp" / "rootstock-123-abc"]
+        assert found.swept == [swept] and not swept.exists()
         assert found.mounts == []
         remove_leftovers(found)
         wait_gone(leftover)
