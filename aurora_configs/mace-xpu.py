@@ -49,6 +49,51 @@ CHECKPOINTS = {
     "mace:custom": None,
 }
 
+# What each checkpoint is: the same facts as environments/mace.py gives (docs/environments.md).
+CHECKPOINT_INFO = {
+    "mace-mp-0-small": {
+        "licence": "MIT",
+        "gated": None,
+        "source": "https://github.com/ACEsuit/mace-mp/releases/download/mace_mp_0/2023-12-10-mace-128-L0_energy_epoch-249.model",
+        "citation": "arXiv:2401.00096",
+        "training_data": "MPtrj",
+        "summary": "MACE-MP-0 small: universal potential for 89 elements, PBE+U",
+    },
+    "mace-mp-0-medium": {
+        "licence": "MIT",
+        "gated": None,
+        "source": "https://github.com/ACEsuit/mace-mp/releases/download/mace_mp_0/2023-12-03-mace-128-L1_epoch-199.model",
+        "citation": "arXiv:2401.00096",
+        "training_data": "MPtrj",
+        "summary": "MACE-MP-0 medium: universal potential for 89 elements, PBE+U",
+    },
+    "mace-mp-0-large": {
+        "licence": "MIT",
+        "gated": None,
+        "source": "https://github.com/ACEsuit/mace-mp/releases/download/mace_mp_0/MACE_MPtrj_2022.9.model",
+        "citation": "arXiv:2401.00096",
+        "training_data": "MPtrj",
+        "summary": "MACE-MP-0 large: universal potential for 89 elements, PBE+U",
+    },
+    "mace-mpa-0-medium": {
+        "licence": "MIT",
+        "gated": None,
+        "source": "https://github.com/ACEsuit/mace-mp/releases/download/mace_mpa_0/mace-mpa-0-medium.model",
+        "training_data": "MPtrj + sAlex",
+        "summary": "MACE-MPA-0: improved accuracy and high-pressure stability over MACE-MP-0",
+    },
+    "mace-omat-0-medium": {
+        "licence": "custom:https://github.com/gabor1/ASL",
+        "gated": None,
+        "source": "https://github.com/ACEsuit/mace-mp/releases/download/mace_omat_0/mace-omat-0-medium.model",
+        "training_data": "OMAT",
+        "summary": "MACE-OMAT-0: 89 elements, PBE+U; Academic Software License, no commercial use",
+    },
+    "mace:custom": {
+        "summary": "a user's own MACE model (.model), loaded through setup_from_path()"
+    },
+}
+
 
 def _upstream(checkpoint):
     if checkpoint not in CHECKPOINTS or CHECKPOINTS[checkpoint] is None:

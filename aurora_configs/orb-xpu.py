@@ -43,6 +43,42 @@ CHECKPOINTS = {
     "orb-v3-conservative-inf-mpa": "orb-v3-conservative-inf-mpa",
 }
 
+# What each checkpoint is: the same facts as environments/orb.py gives (docs/environments.md).
+CHECKPOINT_INFO = {
+    "orb-v3-conservative-inf-omat": {
+        "licence": "Apache-2.0",
+        "gated": None,
+        "source": "https://orbitalmaterials-public-models.s3.us-west-1.amazonaws.com/forcefields/orb-v3/orb-v3-conservative-inf-omat-20250404.ckpt",
+        "citation": "arXiv:2504.06231",
+        "training_data": "OMAT",
+        "summary": "Orb-v3, conservative, every neighbour within 6 Å",
+    },
+    "orb-v3-conservative-20-omat": {
+        "licence": "Apache-2.0",
+        "gated": None,
+        "source": "https://orbitalmaterials-public-models.s3.us-west-1.amazonaws.com/forcefields/orb-v3/orb-v3-conservative-20-omat-20250404.ckpt",
+        "citation": "arXiv:2504.06231",
+        "training_data": "OMAT",
+        "summary": "Orb-v3, conservative, at most 20 neighbours",
+    },
+    "orb-v3-direct-20-omat": {
+        "licence": "Apache-2.0",
+        "gated": None,
+        "source": "https://orbitalmaterials-public-models.s3.us-west-1.amazonaws.com/forcefields/orb-v3/orb-v3-direct-20-omat-20250404.ckpt",
+        "citation": "arXiv:2504.06231",
+        "training_data": "OMAT",
+        "summary": "Orb-v3, direct forces and stress, at most 20 neighbours",
+    },
+    "orb-v3-conservative-inf-mpa": {
+        "licence": "Apache-2.0",
+        "gated": None,
+        "source": "https://orbitalmaterials-public-models.s3.us-west-1.amazonaws.com/forcefields/orb-v3/orb-v3-conservative-inf-mpa-20250404.ckpt",
+        "citation": "arXiv:2504.06231",
+        "training_data": "MPTraj + Alexandria",
+        "summary": "Orb-v3, conservative, every neighbour within 6 Å",
+    },
+}
+
 
 def _loader(checkpoint):
     if checkpoint not in CHECKPOINTS:

@@ -47,6 +47,19 @@ CHECKPOINTS = {
     "uma-m-1p1": "uma-m-1p1",
 }
 
+# What each checkpoint is: the same facts as environments/uma.py gives (docs/environments.md).
+CHECKPOINT_INFO = {
+    "uma-s-1p1": {
+        "gated": "https://huggingface.co/facebook/UMA",
+        "source": "https://huggingface.co/facebook/UMA (checkpoints/uma-s-1p1.pt)",
+    },
+    "uma-m-1p1": {
+        "gated": "https://huggingface.co/facebook/UMA",
+        "source": "https://huggingface.co/facebook/UMA (checkpoints/uma-m-1p1.pt)",
+        "summary": "UMA medium: the most accurate UMA model, slower and larger than uma-s",
+    },
+}
+
 VERIFY_KWARGS = {
     "uma-s-1p1": {"task": "omat"},
     "uma-m-1p1": {"task": "omat"},

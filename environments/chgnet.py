@@ -23,6 +23,37 @@ CHECKPOINTS = {
     "chgnet:custom": None,
 }
 
+# What each checkpoint is (docs/environments.md): from the chgnet 0.4.2 wheel's
+# LICENSE, README and chgnet/pretrained/*/README.md.
+CHECKPOINT_INFO = {
+    "chgnet-0.3.0": {
+        "licence": "BSD-3-Clause-LBNL",
+        "gated": None,
+        "source": "the chgnet wheel on PyPI (chgnet/pretrained/0.3.0/)",
+        "citation": "10.1038/s42256-023-00716-3",
+        "training_data": "MPtrj",
+        "summary": "CHGNet 0.3.0, the package's default MPtrj-pretrained universal potential",
+    },
+    "chgnet-0.2.0": {
+        "licence": "BSD-3-Clause-LBNL",
+        "gated": None,
+        "source": "the chgnet wheel on PyPI (chgnet/pretrained/0.2.0/)",
+        "citation": "10.1038/s42256-023-00716-3",
+        "training_data": "MPtrj",
+        "summary": "the weights of the CHGNet paper; deprecated upstream, kept for compatibility",
+    },
+    "chgnet-r2scan": {
+        "licence": "BSD-3-Clause-LBNL",
+        "gated": None,
+        "source": "the chgnet wheel on PyPI (chgnet/pretrained/r2scan/)",
+        "training_data": "MP-r2SCAN",
+        "summary": "CHGNet 0.3.0 transfer-learned to the r2SCAN functional",
+    },
+    "chgnet:custom": {
+        "summary": "a user's own CHGNet weights (.pth.tar), loaded through setup_from_path()",
+    },
+}
+
 
 def _calculator(model, device, **kw):
     from chgnet.model.dynamics import CHGNetCalculator

@@ -17,6 +17,17 @@ CHECKPOINTS = {
     "emt": "ase.calculators.emt.EMT",
 }
 
+# What the checkpoint is (docs/environments.md): the licence is ASE's (its wheel's
+# metadata); EMT's parameters are in ase/calculators/emt.py, so there is nothing to fetch.
+CHECKPOINT_INFO = {
+    "emt": {
+        "licence": "LGPL-2.1-or-later",
+        "gated": None,
+        "source": "ASE itself (ase.calculators.emt): no weight files",
+        "summary": "effective-medium theory for Al, Cu, Ag, Au, Ni, Pd and Pt",
+    },
+}
+
 
 def setup(checkpoint, device="cuda", **kw):
     """Return an ASE EMT calculator; ``device`` is accepted and ignored (EMT is CPU-only)."""

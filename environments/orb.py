@@ -52,6 +52,46 @@ CHECKPOINTS = {
     "orb:custom": None,
 }
 
+# What each checkpoint is (docs/environments.md): from orb-models 0.5.5, its README
+# (licence, citation) and orb_models/forcefield/pretrained.py (URLs, training data).
+CHECKPOINT_INFO = {
+    "orb-v3-conservative-inf-omat": {
+        "licence": "Apache-2.0",
+        "gated": None,
+        "source": "https://orbitalmaterials-public-models.s3.us-west-1.amazonaws.com/forcefields/orb-v3/orb-v3-conservative-inf-omat-20250404.ckpt",
+        "citation": "arXiv:2504.06231",
+        "training_data": "OMAT",
+        "summary": "Orb-v3, conservative, every neighbour within 6 Å",
+    },
+    "orb-v3-conservative-20-omat": {
+        "licence": "Apache-2.0",
+        "gated": None,
+        "source": "https://orbitalmaterials-public-models.s3.us-west-1.amazonaws.com/forcefields/orb-v3/orb-v3-conservative-20-omat-20250404.ckpt",
+        "citation": "arXiv:2504.06231",
+        "training_data": "OMAT",
+        "summary": "Orb-v3, conservative, at most 20 neighbours",
+    },
+    "orb-v3-direct-20-omat": {
+        "licence": "Apache-2.0",
+        "gated": None,
+        "source": "https://orbitalmaterials-public-models.s3.us-west-1.amazonaws.com/forcefields/orb-v3/orb-v3-direct-20-omat-20250404.ckpt",
+        "citation": "arXiv:2504.06231",
+        "training_data": "OMAT",
+        "summary": "Orb-v3, direct forces and stress, at most 20 neighbours",
+    },
+    "orb-v3-conservative-inf-mpa": {
+        "licence": "Apache-2.0",
+        "gated": None,
+        "source": "https://orbitalmaterials-public-models.s3.us-west-1.amazonaws.com/forcefields/orb-v3/orb-v3-conservative-inf-mpa-20250404.ckpt",
+        "citation": "arXiv:2504.06231",
+        "training_data": "MPTraj + Alexandria",
+        "summary": "Orb-v3, conservative, every neighbour within 6 Å",
+    },
+    "orb:custom": {
+        "summary": "a user's own orb-v3 state dict, loaded through setup_from_path()",
+    },
+}
+
 # How verification judges forces and stress against the energy.
 VERIFY_CHECKS = {
     # Forces and stress come from their own heads, not from the energy's gradient.

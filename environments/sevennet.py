@@ -43,6 +43,39 @@ CHECKPOINTS = {
     "sevennet:custom": None,
 }
 
+# What each checkpoint is (docs/environments.md): from the sevenn 0.13.0 wheel's
+# LICENSE, README (citations) and sevenn/pretrained_potentials/.
+CHECKPOINT_INFO = {
+    "sevennet-0": {
+        "licence": "MIT",
+        "gated": None,
+        "source": "the sevenn wheel on PyPI (sevenn/pretrained_potentials/SevenNet_0__11Jul2024/)",
+        "citation": "10.1021/acs.jctc.4c00190",
+    },
+    "sevennet-0-22may2024": {
+        "licence": "MIT",
+        "gated": None,
+        "source": "the sevenn wheel on PyPI (sevenn/pretrained_potentials/SevenNet_0__22May2024/)",
+        "citation": "10.1021/acs.jctc.4c00190",
+    },
+    "sevennet-l3i5": {
+        "licence": "MIT",
+        "gated": None,
+        "source": "the sevenn wheel on PyPI (sevenn/pretrained_potentials/SevenNet_l3i5/)",
+        "citation": "10.1021/acs.jctc.4c00190",
+    },
+    "sevennet-mf-0": {
+        "licence": "MIT",
+        "gated": None,
+        "source": "the sevenn wheel on PyPI (sevenn/pretrained_potentials/SevenNet_MF_0/)",
+        "citation": "10.1021/jacs.4c14455",
+        "summary": "multi-fidelity SevenNet with a PBE and an r2SCAN head (modal=)",
+    },
+    "sevennet:custom": {
+        "summary": "a user's own SevenNet checkpoint (.pth), loaded through setup_from_path()",
+    },
+}
+
 VERIFY_KWARGS = {
     "sevennet-mf-0": {"modal": "PBE"},
 }

@@ -41,6 +41,24 @@ CHECKPOINTS = {
     "tensornet:custom": None,
 }
 
+# What each checkpoint is (docs/environments.md): from matgl 4.1.2, its README
+# (citations for the pretrained models) and matgl/utils/io.py (the materialyze org).
+CHECKPOINT_INFO = {
+    "tensornet-matpes-pbe-v2025.1": {
+        "source": "https://huggingface.co/materialyze/TensorNet-MatPES-PBE-v2025.1-PES",
+        "citation": "10.48550/arXiv.2306.06482",
+        "training_data": "MatPES (PBE)",
+    },
+    "tensornet-matpes-r2scan-v2025.1": {
+        "source": "https://huggingface.co/materialyze/TensorNet-MatPES-r2SCAN-v2025.1-PES",
+        "citation": "10.48550/arXiv.2306.06482",
+        "training_data": "MatPES (r2SCAN)",
+    },
+    "tensornet:custom": {
+        "summary": "a user's own MatGL potential, from the directory Potential.save() writes",
+    },
+}
+
 
 def _use_device(device):
     import torch

@@ -48,6 +48,25 @@ CHECKPOINTS = {
     "uma:custom": "a fairchem MLIPInferenceCheckpoint file (torch.save)",
 }
 
+# What each checkpoint is (docs/environments.md): from fairchem-core 2.24, its README
+# (access to the UMA repository, the model table) and
+# fairchem/core/calculate/pretrained_models.json (repository and file). The README says
+# only that checkpoint licences "vary by application area", so no licence is given here.
+CHECKPOINT_INFO = {
+    "uma-s-1p1": {
+        "gated": "https://huggingface.co/facebook/UMA",
+        "source": "https://huggingface.co/facebook/UMA (checkpoints/uma-s-1p1.pt)",
+    },
+    "uma-m-1p1": {
+        "gated": "https://huggingface.co/facebook/UMA",
+        "source": "https://huggingface.co/facebook/UMA (checkpoints/uma-m-1p1.pt)",
+        "summary": "UMA medium: the most accurate UMA model, slower and larger than uma-s",
+    },
+    "uma:custom": {
+        "summary": "a user's own fairchem MLIPInferenceCheckpoint (setup_from_path())",
+    },
+}
+
 VERIFY_KWARGS = {
     "uma-s-1p1": {"task": "omat"},
     "uma-m-1p1": {"task": "omat"},

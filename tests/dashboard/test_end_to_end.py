@@ -55,6 +55,9 @@ CHECKPOINTS = {
     "e2e-b": "EMT, held while the hold file exists",
     "e2e-c": "EMT",
 }
+CHECKPOINT_INFO = {
+    "e2e-a": {"licence": "LGPL-2.1-or-later", "citation": "10.1088/1361-648X/aa680e"},
+}
 HOLD_FILE = @HOLD@
 HOLD_LIMIT_S = 120
 
@@ -192,6 +195,23 @@ def test_install_add_and_smoke_test_reach_the_dashboard(site):
         assert row, f"no row for {checkpoint} on the coverage page"
         assert 'class="s-verified"' in row.group(1), row.group(1)
         assert f"checked {cells[checkpoint]['verified_at']}" in row.group(1)
+
+    # The catalogue: each checkpoint's info came from the installed env file's
+    # CHECKPOINT_INFO through the real client's push.
+    catalogue = {e["checkpoint"]: e for e in site.api("catalogue")["checkpoints"]}
+    described = catalogue["e2e-a"]
+    assert (described["licence"], described["gated"], described["citation"]) == (
+        "LGPL-2.1-or-later",
+        None,
+        "10.1088/1361-648X/aa680e",
+    )
+    for checkpoint in CHECKPOINTS:
+        entry = catalogue[checkpoint]
+        assert entry["described"] is True  # e2e-b and e2e-c: described, nothing given
+        assert entry["verified_on"] == [site.cluster]
+        (place,) = entry["clusters"]
+        assert [(d["device_kind"], d["state"]) for d in place["devices"]] == [("cpu", "verified")]
+    assert catalogue["e2e-b"]["licence"] is None
 
 
 def test_a_dashboard_killed_mid_run_is_a_warning_and_manifest_push_catches_up(site, tmp_path):

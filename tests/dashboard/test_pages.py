@@ -278,6 +278,11 @@ def test_pushed_html_renders_as_text(live_dashboard):
     cluster, headers = live_dashboard.cluster_with_key()
     failed = record(XSS_ENV, "failed", message=XSS_MESSAGE)
     body = manifest(cluster, {XSS_ENV: {XSS_CHECKPOINT: {"gpu": failed}}})
+    body["envs"][XSS_ENV]["checkpoints"][XSS_CHECKPOINT]["info"] = {
+        "licence": XSS_ENV,
+        "gated": "javascript:alert(5)",  # never a link: only http(s) URLs become one
+        "citation": '10.1234/x"><script>alert(6)</script>',  # a DOI by its shape
+    }
     push(live_dashboard, cluster, headers, body)
     usage = {"month": "2031-08", "env": XSS_ENV, "checkpoint": XSS_CHECKPOINT,
              "sessions": 1, "distinct_users": 1, "force_calls": 1}  # fmt: skip
@@ -294,14 +299,18 @@ def test_pushed_html_renders_as_text(live_dashboard):
         "/?family=...": httpx.get(live_dashboard.url, params={"family": XSS_ENV}, timeout=30).text,
         "/clusters": get(live_dashboard, f"/clusters/{cluster}"),
         "/usage": get(live_dashboard, "/usage?month=2031-08"),
+        "/catalogue": get(live_dashboard, "/catalogue"),
         "404": get(live_dashboard, "/clusters/%3Cscript%3Ealert(4)", status=404),
     }
     for name, html in pages.items():
         for raw in (XSS_ENV, XSS_CHECKPOINT, "<b onmouseover"):
             assert raw not in html, f"{name} carries raw {raw!r}"
         assert "<script" not in html, name
-    for name in ("/", "/?family=...", "/clusters"):
+    for name in ("/", "/?family=...", "/clusters", "/catalogue"):
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[name], name
+    assert 'href="javascript:' not in pages["/catalogue"]
+    assert "javascript:alert(5)" in pages["/catalogue"]  # shown as text
+    assert "&lt;script&gt;alert(6)" in pages["/catalogue"]
     assert "&lt;img src=x onerror=&#34;alert(2)&#34;&gt;" in pages["/usage"]
     assert "&lt;b onmouseover=alert(3)&gt;boom&lt;/b&gt; &amp; done" in pages["/clusters"]
     assert "&lt;script&gt;alert(4)" in pages["404"]

@@ -69,6 +69,7 @@ OPERATIONS = [
     ("GET", "/clusters/{cluster}/pushes"),
     ("GET", "/clusters"),
     ("GET", "/coverage"),
+    ("GET", "/catalogue"),
 ]
 BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.system)]
 

@@ -141,3 +141,53 @@ def test_a_failed_download_names_its_cause_and_fix(root: Path, checkpoint: str):
         assert f"fetching {checkpoint}" in saved
     if checkpoint not in ("oom", "slow"):
         assert "Traceback (most recent call last)" in saved
+
+
+GATED_PAGE = "https://huggingface.co/example-org/gated-model"
+GATED_LINE = (
+    f"error: gated-declared is gated: request access at {GATED_PAGE}, "
+    "then set HF_TOKEN (or ~/.cache/huggingface/token)"
+)
+
+
+@pytest.fixture
+def no_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No Hugging Face token anywhere the lookup goes: a fresh HOME, no variables."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    for variable in ("HF_TOKEN", "HF_TOKEN_FILE", "HUGGING_FACE_HUB_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)
+    return home
+
+
+def download_logs(root: Path, checkpoint: str) -> list[Path]:
+    return sorted((root / "logs").glob(f"download-{checkpoint}-*.log"))
+
+
+def test_gated_weights_without_a_token_fail_before_the_download(root: Path, no_token: Path):
+    proc = add(root, "gated-declared", "--no-verify")
+    assert proc.returncode == 1, proc.stderr
+    # One line, and no worker ran: it would have left its output in a log file.
+    assert error_lines(proc.stderr) == [GATED_LINE]
+    assert download_logs(root, "gated-declared") == []
+    doc = json.loads(run_rootstock("status", "--root", root, "--json").stdout)
+    (env,) = [e for e in doc["envs"] if e["name"] == "failing-fetch"]
+    states = {row["id"]: row["states"][TEST_CLUSTER]["state"] for row in env["checkpoints"]}
+    # Gated and never fetched reads as gated; an undeclared one stays "not fetched".
+    assert states["gated-declared"] == "gated"
+    assert states["gated"] == "not fetched"
+
+
+def test_a_hub_refusing_declared_gated_weights_says_the_same_line(root: Path, no_token: Path):
+    # A token (of an account without access) is found, so the download runs: the hub's
+    # 403 is then said in the same words, with the worker's log below it.
+    token_file = no_token / ".cache" / "huggingface" / "token"
+    token_file.parent.mkdir(parents=True)
+    token_file.write_text("hf_no_access_to_this_repo\n")
+    proc = add(root, "gated-declared", "--no-verify")
+    assert proc.returncode == 1, proc.stderr
+    error, log = error_lines(proc.stderr)
+    assert error == GATED_LINE
+    assert log.startswith(f"  log: {root / 'logs'}/download-gated-declared-"), log
+    assert "HTTP Error 403" in Path(log.removeprefix("  log: ").split(" (")[0]).read_text()

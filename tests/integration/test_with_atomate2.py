@@ -8,6 +8,7 @@ closes it) unless ``keep_worker=True``; the task document names the checkpoint.
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from rootstock.integrations.atomate2 import (
     RootstockRelaxMaker,
     RootstockStaticMaker,
 )
+from rootstock.runtime import RootstockCalculator
 from tests.integration.killing import is_running
 
 pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(300)]
@@ -86,6 +88,24 @@ def test_static_matches_emt_and_stops_worker(fake_built_root: Path):
 
 
 @pytest.mark.timeout(300)
+def test_static_document_carries_the_provenance_through_the_store(fake_built_root: Path):
+    """The calculator's provenance, read back from the stored (serialised) document."""
+    maker = RootstockStaticMaker(checkpoint="emt", root=str(fake_built_root))
+    job = maker.make(AseAtomsAdaptor.get_structure(rattled_cu(seed=5)))
+    store = JobStore(MemoryStore(), additional_stores={"data": MemoryStore()})
+    run_locally(job, store=store, create_folders=False, ensure_success=True, log=False)
+    stored = store.query_one({"uuid": job.uuid}, load=True)["output"]
+    provenance = stored["entry"]["parameters"]["provenance"]
+    built = json.loads((fake_built_root / "envs" / "emt" / "rootstock-env.json").read_text())
+    assert (provenance["checkpoint"], provenance["env"]) == ("emt", "emt")
+    assert provenance["build_id"] == built["build_id"]
+    assert provenance["rootstock_version"] == rootstock.__version__
+    assert provenance["device"] == "cpu"  # the worker ran before the document was made
+    expected = RootstockCalculator("emt", root=fake_built_root, device="cpu").provenance
+    assert provenance == {**expected, "device": "cpu"}
+
+
+@pytest.mark.timeout(300)
 def test_relax_matches_ase_fire_with_emt(fake_built_root: Path):
     atoms = rattled_cu(seed=1)
     fmax, steps = 0.01, 300
@@ -132,6 +152,9 @@ def test_md_frames_match_emt(fake_built_root: Path):
     doc = run(maker.make(AseAtomsAdaptor.get_structure(atoms)))
     assert worker_children() == before
     assert doc.forcefield_name == "rootstock:emt"
+    # The MD document carries the provenance where the static one does.
+    assert doc.entry.parameters["provenance"]["checkpoint"] == "emt"
+    assert doc.entry.parameters["provenance"]["device"] == "cpu"
 
     steps = doc.output.ionic_steps
     assert len(steps) == n_steps + 1

@@ -6,6 +6,7 @@ each test clears that cache and checks that no worker outlives it.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from quacc.runners.ase import Runner
 from quacc.schemas.ase import Summarize
 
 import rootstock
+from rootstock.runtime import RootstockCalculator
 from tests.integration.killing import is_running
 from tests.integration.quacc_cache import emptied_quacc_cache
 
@@ -61,13 +63,28 @@ def _rattled_cu() -> Atoms:
 
 
 @pytest.mark.timeout(600)  # may wait for the session's env builds
-def test_static_job_matches_emt(quacc_env: dict) -> None:
+def test_static_job_matches_emt(quacc_env: dict, fake_built_root: Path) -> None:
     atoms = _rattled_cu()
     doc = static_job(atoms, "rootstock", **quacc_env)
     energy, forces = _emt_static(atoms)
     assert abs(doc["results"]["energy"] - energy) < 1e-9
     np.testing.assert_allclose(doc["results"]["forces"], forces, atol=1e-9)
     assert doc["parameters"]["version"] == rootstock.__version__
+    # The provenance rides in the calculator's parameters, which quacc's summary keeps.
+    provenance = doc["parameters"]["provenance"]
+    built = json.loads((fake_built_root / "envs" / "emt" / "rootstock-env.json").read_text())
+    assert (provenance["checkpoint"], provenance["build_id"]) == ("emt", built["build_id"])
+    assert (provenance["device"], provenance["rootstock_version"]) == (
+        "cpu",
+        rootstock.__version__,
+    )
+    expected = RootstockCalculator("emt", root=fake_built_root, device="cpu").provenance
+    # quacc's summary drops None values (here the cluster and torch's version).
+    assert provenance == {
+        **{k: v for k, v in expected.items() if v is not None},
+        "packages": {k: v for k, v in expected["packages"].items() if v is not None},
+        "device": "cpu",
+    }
     # quacc's cache: a second job reuses the same calculator, hence the same worker
     first = pick_calculator("rootstock", **quacc_env)
     static_job(atoms, "rootstock", **quacc_env)

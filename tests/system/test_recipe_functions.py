@@ -9,6 +9,7 @@ which the workers use. No service is needed (no ``system`` mark).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -178,7 +179,7 @@ def test_a_bad_knob_falls_back_to_its_default_with_a_warning(
 
 SHARED_FUNCTIONS = [
     "checked_int", "next_run_date", "with_retries", "strip", "lookup_hf_token",
-    "run_smoke_test", "log", "warn",
+    "run_smoke_test", "log", "warn", "rehash_stamp", "rehash_due",
 ]  # fmt: skip
 
 
@@ -195,3 +196,52 @@ def test_the_logic_both_recipes_share_is_the_same_text():
     sbatch, pbs = (RECIPES[k].read_text() for k in ("sbatch", "pbs"))
     for name in SHARED_FUNCTIONS:
         assert function_source(sbatch, name) == function_source(pbs, name), name
+
+
+# A stand-in `rootstock` that logs its arguments and exits with $FAKE_RC.
+FAKE_ROOTSTOCK = """#!/bin/sh
+echo "$@" >> "$ARGS_LOG"
+exit "${FAKE_RC:-0}"
+"""
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_the_weights_are_rehashed_once_a_week(recipe: str, tmp_path: Path):
+    home, bin_dir, root = tmp_path / "home", tmp_path / "bin", tmp_path / "root"
+    for directory in (home, bin_dir, root):
+        directory.mkdir()
+    (bin_dir / "rootstock").write_text(FAKE_ROOTSTOCK)
+    (bin_dir / "rootstock").chmod(0o755)
+    args_log = tmp_path / "args"
+    env = {
+        "HOME": str(home),
+        "ARGS_LOG": str(args_log),
+        "ROOTSTOCK_ROOT": str(root),
+        "JOB_NAME": "chain-a",
+    }
+    script = f'PATH="{bin_dir}:$PATH"; run_smoke_test; echo "rc=$?"'
+    stamp = home / ".rootstock-nightly-rehash-chain-a"
+
+    def run(**extra: str) -> tuple[str, str]:
+        proc = run_function(recipe, script, {**env, **extra})
+        last_args = args_log.read_text().splitlines()[-1]
+        return last_args, proc.stdout.splitlines()[-1]
+
+    # Never re-hashed: this run does, and a run that ran (exit 0 or 1) stamps it.
+    assert run(FAKE_RC="1") == (f"smoke-test --root {root} --rehash", "rc=1")
+    assert stamp.exists()
+    # The next run, within the week: a stat check only.
+    assert run() == (f"smoke-test --root {root}", "rc=0")
+    # Six and a half days later and a bit: due again (twelve hours of slack).
+    old = stamp.stat().st_mtime - 6.6 * 86400
+    os.utime(stamp, (old, old))
+    assert run()[0].endswith("--rehash")
+    # A run that could not run (exit 2) leaves the stamp alone, so the next one re-hashes.
+    os.utime(stamp, (old, old))
+    assert run(FAKE_RC="2")[0].endswith("--rehash")
+    assert run()[0].endswith("--rehash")
+    # REHASH_DAYS=0 turns it off; another chain (JOB_NAME) keeps its own stamp.
+    stamp.unlink()
+    assert not run(REHASH_DAYS="0")[0].endswith("--rehash")
+    assert run(JOB_NAME="chain-b")[0].endswith("--rehash")
+    assert (home / ".rootstock-nightly-rehash-chain-b").exists() and not stamp.exists()

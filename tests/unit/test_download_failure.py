@@ -76,3 +76,49 @@ def test_an_output_that_cannot_be_saved_is_shown(tmp_path: Path, monkeypatch):
     error = failure(tmp_path, "line 1\nKeyError: 'model'\n")
     assert error.log_path is None
     assert "could not be saved" in error.hint and "KeyError: 'model'" in str(error)
+
+
+GATED_PAGE = "https://huggingface.co/org/model"
+GATED_LINE = (
+    f"mace-mp-0 is gated: request access at {GATED_PAGE}, "
+    "then set HF_TOKEN (or ~/.cache/huggingface/token)"
+)
+
+
+def test_a_hub_refusal_of_declared_gated_weights_is_the_gated_line(tmp_path: Path):
+    output = (
+        "Traceback (most recent call last):\nurllib.error.HTTPError: HTTP Error 403: Forbidden\n"
+    )
+    layout = InstallLayout(tmp_path, tmp_path)
+    common = {"output": output, "exit_code": 1, "timeout": 60.0, "timed_out": False}
+    declared = download_failure(layout, "mace", "mace-mp-0", gated_url=GATED_PAGE, **common)
+    assert (declared.cause, declared.message, declared.hint) == ("gated", GATED_LINE, "")
+    assert declared.log_path is not None  # the worker's output is still kept
+    # Without a declared URL the older two-line message stays.
+    plain = download_failure(layout, "mace", "mace-mp-0", **common)
+    assert plain.cause == "gated" and plain.message != GATED_LINE and plain.hint
+    # A declared URL changes nothing for another cause.
+    offline = download_failure(
+        layout,
+        "mace",
+        "mace-mp-0",
+        gated_url=GATED_PAGE,
+        **{**common, "output": "socket.gaierror: [Errno -2] Name or service not known"},
+    )
+    assert offline.cause == "network" and "is gated" not in offline.message
+
+
+def test_gated_weights_need_a_token_before_the_download(tmp_path: Path):
+    from rootstock.runtime.download_failure import DownloadFailed, require_hf_token
+
+    home = tmp_path / "home"
+    home.mkdir()
+    with pytest.raises(DownloadFailed) as caught:
+        require_hf_token("mace-mp-0", GATED_PAGE, {"HOME": str(home)})
+    assert str(caught.value) == GATED_LINE  # one line: no hint, no log
+    assert caught.value.cause == "gated" and caught.value.log_path is None
+    require_hf_token("mace-mp-0", GATED_PAGE, {"HOME": str(home), "HF_TOKEN": "hf_x"})
+    token = home / ".cache" / "huggingface" / "token"
+    token.parent.mkdir(parents=True)
+    token.write_text("hf_from_file\n")
+    require_hf_token("mace-mp-0", GATED_PAGE, {"HOME": str(home)})

@@ -26,6 +26,7 @@ pytestmark = pytest.mark.timeout(30)
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "environments"
+AURORA = REPO / "aurora_configs"
 MALFORMED = REPO / "tests" / "envs" / "malformed"
 
 # file stem -> (line of the problem, a substring only its own message contains)
@@ -78,6 +79,13 @@ EXPECTED = {
     "verify-structure-bad-pbc": (12, "VERIFY_STRUCTURE pbc must be True, False"),
     "verify-structure-periodic-without-cell": (12, "is periodic but has no cell"),
     "_bad-env-name": (1, "env name '_bad-env-name' (from the file name) is not allowed"),
+    "checkpoint-info-not-dict": (12, "CHECKPOINT_INFO must be a dict {checkpoint-id"),
+    "checkpoint-info-unknown-id": (13, "CHECKPOINT_INFO describes 'toy-2', an id CHECKPOINTS"),
+    "checkpoint-info-value-not-dict": (13, "CHECKPOINT_INFO['toy-1'] must be a dict {field"),
+    "checkpoint-info-bad-licence": (15, "'MIT License', not an SPDX id"),
+    "checkpoint-info-bad-gated": (14, "['gated'] must be None or the URL where access"),
+    "checkpoint-info-bad-citation": (15, "'Toy et al. 2024', neither a DOI nor an arXiv id"),
+    "checkpoint-info-not-string": (14, "['training_data'] is 42; it must be a non-empty string"),
 }
 
 # The rules the issue requires, each with the corpus file that breaks it.
@@ -97,6 +105,8 @@ REQUIRED_RULES = {
     "id outside the allowed pattern": "bad-checkpoint-id",
     "CHECKPOINTS value not a string": "checkpoint-value-none",
     "evaluate_batch with the wrong signature": "evaluate-batch-without-properties",
+    "CHECKPOINT_INFO key not declared": "checkpoint-info-unknown-id",
+    "CHECKPOINT_INFO field of the wrong type": "checkpoint-info-not-string",
 }
 
 
@@ -535,3 +545,96 @@ def test_a_bad_batch_hook_fails_the_install_lint(tmp_path):
     with pytest.raises(EnvFileError) as caught:
         read_env_file(path)
     assert "evaluate_batch" in str(caught.value)
+
+
+# --- CHECKPOINT_INFO ------------------------------------------------------------------
+
+
+def test_an_unknown_checkpoint_info_field_is_a_warning_not_a_problem(tmp_path):
+    path = write_env(
+        tmp_path,
+        "toy",
+        """
+        CHECKPOINTS = {"toy-1": "toy"}
+        CHECKPOINT_INFO = {
+            "toy-1": {
+                "licence": "MIT",
+                "licence_url": "https://example.org/licence",
+            },
+        }
+        """,
+    )
+    env, problems = parse_env_file(path)
+    assert problems == []
+    (warning,) = env.warnings
+    assert warning.line == 12  # the field's own line
+    assert "unknown field 'licence_url'" in warning.message
+    assert "licence, gated, source, citation, training_data, summary" in warning.fix
+    # The known fields are kept; the unknown one is not passed on.
+    assert env.checkpoint_info == {"toy-1": {"licence": "MIT"}}
+    assert read_env_file(path).warnings == env.warnings  # never raised as an error
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("licence", '"Apache-2.0"'),
+        ("licence", '"MIT OR Apache-2.0"'),
+        ("licence", '"proprietary"'),
+        ("licence", '"custom:https://github.com/gabor1/ASL"'),
+        ("gated", "None"),
+        ("gated", '"https://huggingface.co/facebook/UMA"'),
+        ("citation", '"10.1038/s42256-023-00716-3"'),
+        ("citation", '"arXiv:2401.00096"'),
+        ("citation", '"arXiv:2504.06231v2"'),
+    ],
+)
+def test_checkpoint_info_accepts_each_documented_form(tmp_path, field, value):
+    body = (
+        f'CHECKPOINTS = {{"toy-1": "toy"}}\nCHECKPOINT_INFO = {{"toy-1": {{"{field}": {value}}}}}'
+    )
+    env, problems = parse_env_file(write_env(tmp_path, "toy", body))
+    assert problems == [] and env.warnings == []
+    assert field in env.checkpoint_info["toy-1"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("licence", '"custom:not-a-url"', "not an SPDX id"),
+        ("licence", "3", "it must be a non-empty string"),
+        ("gated", "True", "must be None or the URL"),
+        ("gated", '"huggingface.co/facebook/UMA"', "must be None or the URL"),
+        ("citation", '"2401.00096"', "neither a DOI nor an arXiv id"),
+        ("summary", '""', "it must be a non-empty string"),
+        ("source", '["a", "b"]', "it must be a non-empty string"),
+    ],
+)
+def test_checkpoint_info_refuses_a_wrong_value_with_a_fix(tmp_path, field, value, needle):
+    body = (
+        f'CHECKPOINTS = {{"toy-1": "toy"}}\nCHECKPOINT_INFO = {{"toy-1": {{"{field}": {value}}}}}'
+    )
+    _env, problems = parse_env_file(write_env(tmp_path, "toy", body))
+    (problem,) = problems
+    assert problem.message.startswith(f"CHECKPOINT_INFO['toy-1']['{field}'] ")
+    assert needle in problem.message
+    assert problem.fix.startswith(f'write "{field}": ')
+
+
+def test_every_sample_describes_every_checkpoint_id():
+    variants = [read_env_file(path) for path in sorted(AURORA.glob("*.py"))]
+    assert variants, "the aurora_configs variants are checked too"
+    for env in [*sample_envs(), *variants]:
+        assert "CHECKPOINT_INFO" in env.table_lines, env.name
+        assert set(env.checkpoint_info) == set(env.checkpoints), env.name
+        assert env.warnings == [], env.name
+        for checkpoint, info in env.checkpoint_info.items():
+            if checkpoint.endswith(":custom"):
+                # Only what is true of any user's weights: no licence, source or paper.
+                assert set(info) <= {"summary"}, (env.name, checkpoint)
+    uma = next(e for e in sample_envs() if e.name == "uma")
+    assert uma.gated_url("uma-s-1p1") == "https://huggingface.co/facebook/UMA"
+    # A variant wins on its clusters: it must say the same, or gating goes unchecked there.
+    (uma_xpu,) = [e for e in variants if e.name == "uma-xpu"]
+    assert uma_xpu.gated_url("uma-s-1p1") == uma.gated_url("uma-s-1p1")
+    assert uma.gated_url("uma:custom") is None

@@ -44,6 +44,7 @@ ENV_KEYS = {
     "interpreter",
     "shadows",
     "problems",
+    "warnings",
 }
 PROBLEM_KEYS = {"path", "line", "message", "fix"}
 
@@ -184,6 +185,35 @@ def test_json_shape_is_pinned(capsys, root: Path):
     assert env["action"] == "blocked"
     assert env["problems"] and all(set(p) == PROBLEM_KEYS for p in env["problems"])
     assert any("setup()" in p["message"] for p in env["problems"])
+
+
+def test_a_lint_warning_is_shown_and_never_blocks(capsys, root: Path, tmp_path: Path):
+    path = tmp_path / "toy.py"
+    source = (ENVIRONMENTS / "emt.py").read_text()
+    path.write_text(
+        source.replace('"licence": "LGPL', '"licence_url": "x",\n        "licence": "LGPL')
+    )
+    code, plan = dry_run_json(capsys, path, "--root", root)
+    assert code == 0
+    (env,) = plan["envs"]
+    assert (env["action"], env["problems"]) == ("build", [])
+    (warning,) = env["warnings"]
+    assert set(warning) == PROBLEM_KEYS
+    assert "unknown field 'licence_url'" in warning["message"]
+    code, _out, err = dry_run(capsys, path, "--root", root)
+    assert code == 0
+    assert f"warning: toy: {path}:" in err and "unknown field 'licence_url'" in err
+
+    # The real install says it too, even when there is nothing to build (no uv runs).
+    fake_install(root, path)
+    code = main(["install", str(path), "--root", str(root), "--no-perm-check", "--no-push"])
+    _out, err = capsys.readouterr()
+    assert code == 0
+    assert f"warning: toy: {path}:" in err and "unknown field 'licence_url'" in err
+    assert main(["install", str(path), "--root", str(root), "--no-perm-check", "--json"]) == 0
+    (outcome,) = json.loads(capsys.readouterr().out)
+    assert outcome["status"] == "unchanged"
+    assert len(outcome["warnings"]) == 1 and "licence_url" in outcome["warnings"][0]
 
 
 # --- failures -----------------------------------------------------------------------

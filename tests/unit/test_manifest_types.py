@@ -53,6 +53,7 @@ QUANTITY = {
     "message": None,
 }
 REFERENCE = {"fingerprint": FINGERPRINT, "at": T0, "build": BUILD, "kwargs": {}}
+WEIGHT = {"size": 11, "sha256": "9b" * 32, "mtime": 1741400000.25}
 IMAGE = {"file": ".rootstock-image.sqfs", "sha256": "ab" * 32, "size": 4096, "compression": "lz4"}
 
 
@@ -97,13 +98,14 @@ def full_manifest() -> dict[str, Any]:
             "m": {
                 "fetched_at": T0,
                 "files": ["home/.cache/mace/m.model"],
+                "weights": {"home/.cache/mace/m.model": WEIGHT},
                 "verifications": {"alpha": {"gpu": record}},
             }
         },
     }
     return copy.deepcopy(
         {
-            "schema_version": 3,
+            "schema_version": MANIFEST_VERSION,
             "clusters": ["alpha"],
             "created_at": T0,
             "updated_at": T0,
@@ -123,6 +125,9 @@ PLACES = {
     types.EnvRecord: lambda d: d["envs"]["mace"],
     types.ImageRecord: lambda d: d["envs"]["mace"]["image"],
     types.CheckpointRecord: lambda d: d["envs"]["mace"]["checkpoints"]["m"],
+    types.WeightFile: lambda d: d["envs"]["mace"]["checkpoints"]["m"]["weights"][
+        "home/.cache/mace/m.model"
+    ],
     types.Verification: _record,
     types.Reference: lambda d: _record(d)["reference"],
     types.Fingerprint: lambda d: _record(d)["fingerprint"],
@@ -174,6 +179,7 @@ def test_the_field_lists_name_the_declared_keys():
         types.EnvRecord: validate._ENV_KEYS,
         types.ImageRecord: validate._IMAGE_KEYS,
         types.CheckpointRecord: validate._CHECKPOINT_KEYS,
+        types.WeightFile: validate._WEIGHT_KEYS,
         types.Verification: validate._RECORD_KEYS,
         types.Reference: validate._REFERENCE_KEYS,
         types.BuildRef: validate._BUILD_KEYS,
@@ -190,9 +196,11 @@ def test_records_written_have_the_declared_keys(tmp_path, monkeypatch):
     env = record_env_build(layout, "mace", {"source_hash": "sha256:9b", "python": "3.11.9"})
     assert tuple(env) == ENV_BUILD_FIELDS
     assert env["python"] == "3.11.9" and env["build_id"] and env["built_at"]
-    # Without files a record is unattributed: it has every key but ``files``.
-    assert set(record_fetch(layout, "mace", "m")) == keys_of(types.CheckpointRecord) - {"files"}
-    fetched = record_fetch(layout, "mace", "m", files=[])
+    # Without files a record is unattributed: it has every key but ``files`` and
+    # ``weights`` (the weights are those of listed files).
+    unattributed = keys_of(types.CheckpointRecord) - {"files", "weights"}
+    assert set(record_fetch(layout, "mace", "m")) == unattributed
+    fetched = record_fetch(layout, "mace", "m", files=["a.bin"], weights={"a.bin": WEIGHT})
     assert set(fetched) == keys_of(types.CheckpointRecord)
     result = {"passed": True, "device": "cpu", "fingerprint": FINGERPRINT, "checks": None}
     record = record_verification(layout, "mace", "m", "alpha", result)

@@ -63,9 +63,35 @@ def _error_locs(body: dict[str, Any]) -> list[tuple[Any, ...]]:
 def test_each_derived_type_has_the_core_types_fields(core):
     derived = schemas._DERIVED[core]
     assert derived.__required_keys__ | derived.__optional_keys__ == (
-        core.__required_keys__ | core.__optional_keys__
+        core.__required_keys__
+        | core.__optional_keys__
+        | schemas.PUSH_ONLY_FIELDS.get(core, frozenset())
     )
     assert derived.__pydantic_config__ == {"extra": "allow", "strict": True}
+
+
+def test_only_a_checkpoint_s_info_is_push_only_and_it_is_optional():
+    assert dict(schemas.PUSH_ONLY_FIELDS) == {types.CheckpointRecord: frozenset({"info"})}
+    assert "info" in schemas._DERIVED[types.CheckpointRecord].__optional_keys__
+    body = push()  # an older client: no info at all
+    assert validated(body) == body
+    entry = body["envs"]["mace"]["checkpoints"]["m"]
+    entry["info"] = {"licence": "MIT", "gated": None, "citation": "10.1/x", "summary": "kept"}
+    assert validated(body) == body
+    entry["info"] = None
+    assert validated(body) == body
+
+
+@pytest.mark.parametrize(
+    "info",
+    [{"licence": 3}, {"gated": False}, {"citation": "x" * 501}, "MIT", ["MIT"]],
+    ids=["licence-number", "gated-bool", "citation-too-long", "text", "list"],
+)
+def test_a_malformed_info_is_refused_where_it_is(info):
+    body = push()
+    body["envs"]["mace"]["checkpoints"]["m"]["info"] = info
+    locs = _error_locs(body)
+    assert locs and all(loc[:5] == ("envs", "mace", "checkpoints", "m", "info") for loc in locs)
 
 
 def test_a_valid_push_comes_back_as_sent():

@@ -22,6 +22,7 @@ SECTIONS: dict[str, type] = {
     "`envs[<env>]`": types.EnvRecord,
     "An env image": types.ImageRecord,
     "`envs[<env>].checkpoints[<id>]`": types.CheckpointRecord,
+    "A weight file": types.WeightFile,
     "A verification record": types.Verification,
     "A fingerprint": types.Fingerprint,
     "A reference": types.Reference,

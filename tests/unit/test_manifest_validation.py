@@ -21,6 +21,7 @@ from rootstock.errors import ManifestError, RootstockError, UnstorableValue, Usa
 from rootstock.install.layout import InstallLayout, write_layout
 from rootstock.install.machine import resolve_cluster
 from rootstock.install.manifest import (
+    MANIFEST_VERSION,
     ensure_manifest,
     load_manifest,
     parse_manifest,
@@ -72,7 +73,7 @@ RECORD = {
     "build": BUILD,
 }
 V3: dict[str, Any] = {
-    "schema_version": 3,
+    "schema_version": MANIFEST_VERSION,
     "clusters": ["alpha", "beta"],
     "created_at": T0,
     "updated_at": T1,

@@ -28,7 +28,13 @@ from rootstock.install.manifest import (
     record_verification,
 )
 from rootstock.ops.http_client import Deadline, RetryPolicy, request_json
-from rootstock.ops.push import Dashboard, dashboard_settings, push_manifest, push_usage
+from rootstock.ops.push import (
+    Dashboard,
+    dashboard_settings,
+    manifest_payloads,
+    push_manifest,
+    push_usage,
+)
 from tests.unit.push_stand_in import StandIn, free_port, serve
 
 pytestmark = pytest.mark.timeout(60)
@@ -281,6 +287,36 @@ def test_one_payload_per_cluster_with_only_its_verifications(stand_in, shared_in
     # A push only reads: the local manifest is byte-for-byte what it was.
     assert shared_install.manifest_file.read_bytes() == before
     assert report.to_dict()["results"][0]["response"] == {"push_id": 1}
+
+
+def test_each_checkpoint_carries_its_env_file_s_info(shared_install):
+    shared_install.env_source("emt").write_text(
+        "def setup(model, device='cpu'):\n    return None\n\n"
+        "CHECKPOINTS = {'emt': 'x', 'emt-2': 'y'}\n"
+        "CHECKPOINT_INFO = {'emt': {'licence': 'LGPL-2.1-or-later', 'citation': "
+        "'10.1088/1361-648X/aa680e', 'summary': 'not pushed'}}\n"
+    )
+    record_fetch(shared_install, "emt", "emt-2")
+    payloads = manifest_payloads(shared_install)
+    for payload in payloads.values():
+        checkpoints = payload["envs"]["emt"]["checkpoints"]
+        assert checkpoints["emt"]["info"] == {  # type: ignore[typeddict-item]
+            "licence": "LGPL-2.1-or-later",
+            "gated": None,
+            "citation": "10.1088/1361-648X/aa680e",
+        }
+        # Declared without CHECKPOINT_INFO: described, with nothing known.
+        assert checkpoints["emt-2"]["info"] == dict.fromkeys(  # type: ignore[typeddict-item]
+            ("licence", "gated", "citation")
+        )
+    # The local manifest never holds it.
+    assert b'"info"' not in shared_install.manifest_file.read_bytes()
+
+
+def test_a_broken_env_file_sends_no_info(shared_install):
+    shared_install.env_source("emt").write_text("CHECKPOINTS = {'emt': \n")
+    for payload in manifest_payloads(shared_install).values():
+        assert "info" not in payload["envs"]["emt"]["checkpoints"]["emt"]
 
 
 def test_a_dead_dashboard_is_tried_once_for_all_clusters(shared_install):

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from rootstock.cli.common import emit_json, layout_from, progress, root_options
+from rootstock.cli.common import emit_json, layout_from, progress, root_options, warn
 
 if TYPE_CHECKING:
     from rootstock.install.dry_run import InstallPlan
@@ -111,6 +111,8 @@ def install(
         emit_json([o.to_dict() for o in outcomes])
     else:
         for outcome in outcomes:
+            for warning in outcome.warnings:
+                warn(f"{outcome.name}: {warning}")
             # The reported notes (the interpreter's) were said as they happened.
             for note in outcome.notes:
                 click.echo(f"{outcome.name}: {note}", err=True)
@@ -211,6 +213,8 @@ def _render_plan(plan: InstallPlan) -> None:
             click.echo(f"  {label:<16} {value}")
         for problem in env.problems:
             click.echo(f"error: {env.name}: {problem}", err=True)
+        for warning in env.warnings:
+            warn(f"{env.name}: {warning}")
     counts = {action: sum(e.action == action for e in plan.envs) for action in _ACTION_WORDS}
     summary = ", ".join(f"{n} {action}" for action, n in counts.items() if n)
     click.echo("")

@@ -36,7 +36,9 @@ def list_envs(root: str | None, cluster: str | None, cache_root: str | None, as_
         )
         return
     tab = table(
-        f"envs in {result['root']}", ["env", "checkpoints", "custom", "clusters"], whole=("env",)
+        f"envs in {result['root']}",
+        ["env", "checkpoints", "custom", "licence", "clusters"],
+        whole=("env",),
     )
     for env in result["envs"]:
         if env["error"]:
@@ -46,8 +48,25 @@ def list_envs(root: str | None, cluster: str | None, cache_root: str | None, as_
             clusters = ", ".join(env["clusters"]) if env["clusters"] else "all"
         tab.add_row(
             env["name"],
-            ", ".join(env["checkpoints"]) or "-",
+            ", ".join(c + (" (gated)" if c in env["gated"] else "") for c in env["checkpoints"])
+            or "-",
             ", ".join(env["custom"]) or "-",
+            escape(describe_licences(env["licences"], env["checkpoints"])),
             clusters,
         )
     print_table(console(), tab)
+
+
+def describe_licences(licences: dict[str, str | None], ids: list[str]) -> str:
+    """The licence cell of one env: ``MIT`` when its named ids share one licence, else
+    each licence followed by its ids; ids with no declared licence are left out."""
+    by_licence: dict[str, list[str]] = {}
+    for checkpoint in ids:
+        licence = licences.get(checkpoint)
+        if licence:
+            by_licence.setdefault(licence, []).append(checkpoint)
+    if not by_licence:
+        return "-"
+    if len(by_licence) == 1:
+        return next(iter(by_licence))
+    return "; ".join(f"{licence} ({', '.join(named)})" for licence, named in by_licence.items())

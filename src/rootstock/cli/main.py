@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "list": ("rootstock.cli.list_cmd", "list_envs", "List envs and their checkpoint ids."),
     "status": ("rootstock.cli.status_cmd", "status", "Show envs, build state and checkpoints."),
     "resolve": ("rootstock.cli.resolve_cmd", "resolve", "Show where a cluster's install lives."),
+    "info": ("rootstock.cli.info_cmd", "info", "Show everything about one checkpoint."),
+    "cite": ("rootstock.cli.cite_cmd", "cite", "Print BibTeX for checkpoints and Rootstock."),
     "new-env": ("rootstock.cli.new_env_cmd", "new_env", "Write a template env file."),
     "serve": ("rootstock.cli.serve_cmd", "serve", "Serve a checkpoint to an i-PI driver."),
     "lammps": (

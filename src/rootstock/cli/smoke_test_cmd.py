@@ -25,6 +25,12 @@ from rootstock.cli.options import DEVICE, JOBS, push_every_option, verify_timeou
     show_default=True,
     help="Verify N checkpoints at once (cuda: one GPU each, cuda:0..N-1).",
 )
+@click.option(
+    "--rehash",
+    is_flag=True,
+    help="Re-hash every weight file before its forward pass (default: only files "
+    "whose size or mtime changed since add).",
+)
 @push_every_option
 @click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
 @click.option("--json", "as_json", is_flag=True, help="Print a per-checkpoint summary as JSON.")
@@ -37,6 +43,7 @@ def smoke_test(
     device: str,
     verify_timeout: float,
     jobs: int,
+    rehash: bool,
     push_every: int | None,
     no_push: bool,
     as_json: bool,
@@ -44,7 +51,8 @@ def smoke_test(
     """Re-verify every fetched checkpoint; never downloads.
 
     Each result is written to manifest.json the moment it is known. Exit code 0
-    only when everything tested passed.
+    only when everything tested passed. A weight file that changed since `add`
+    fails its checkpoint as tampered, and its model is not run.
     """
     from rootstock.cli.push_hooks import auto_push_dashboard, push_after, show_notice
     from rootstock.ops.push_policy import snapshot_pushes
@@ -92,6 +100,7 @@ def smoke_test(
             device=device,
             verify_timeout=verify_timeout,
             jobs=jobs,
+            rehash=rehash,
             on_start=on_start,
             on_result=on_result,
             snapshot_every=push_every if snapshots else None,

@@ -20,9 +20,11 @@ _STYLE = {
     "verified": "green",
     "failed": "red",
     "drifted": "magenta",
+    "tampered": "red",
     "stale": "yellow",
     "fetched": "cyan",
     "not fetched": "dim",
+    "gated": "yellow",
 }
 
 
@@ -35,7 +37,8 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f}s ago"
 
 
-def _size(n: float | None) -> str:
+def describe_size(n: float | None) -> str:
+    """Bytes as ``512 B``, ``11.2 MB``, ``3.4 GB`` (``-`` for unknown)."""
     if n is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -48,9 +51,9 @@ def _size(n: float | None) -> str:
 def describe_state(state: dict[str, Any]) -> str:
     """One cell of the grid: the state, its device and age, or the failure reason."""
     text = state["state"]
-    if text in ("verified", "drifted", "stale", "failed") and state.get("device"):
+    if text in ("verified", "drifted", "stale", "failed", "tampered") and state.get("device"):
         text += f" ({state['device']}, {_age(state.get('age_s'))})"
-    if text.startswith(("failed", "stale")) and state.get("message"):
+    if text.startswith(("failed", "stale", "tampered")) and state.get("message"):
         text += f": {state['message']}"
     style = _STYLE.get(state["state"], "")
     return f"[{style}]{text}[/{style}]" if style else text
@@ -97,7 +100,7 @@ def status(
             (env["built_at"] or "-").replace("T", " ").replace("+00:00", "Z"),
         ]
         if sizes:
-            cells.append(_size(env.get("size_bytes")))
+            cells.append(describe_size(env.get("size_bytes")))
         envs.add_row(*cells)
     print_table(out, envs)
     grid = table(
@@ -117,4 +120,6 @@ def status(
         print_table(out, grid)
     if sizes:
         caches = doc["cache_size_bytes"]
-        out.print(f"cache: {_size(caches['cache'])}   home: {_size(caches['home'])}")
+        out.print(
+            f"cache: {describe_size(caches['cache'])}   home: {describe_size(caches['home'])}"
+        )

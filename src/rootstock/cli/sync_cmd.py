@@ -71,6 +71,12 @@ PHASES = CheckedBy("phases", _phases)
     default=None,
     help="Pack an image of each build (default: the root's setting, see `init --no-images`).",
 )
+@click.option(
+    "--rehash",
+    is_flag=True,
+    help="Before each verification, re-hash every weight file (default: only files "
+    "whose size or mtime changed since add).",
+)
 @push_every_option
 @click.option("--no-push", is_flag=True, help="Do not push the manifest to the dashboard.")
 @click.option("--no-perm-check", is_flag=True, help="Skip the up-front permission check.")
@@ -92,6 +98,7 @@ def sync(
     verify_jobs: int,
     fail_fast: bool,
     image: bool | None,
+    rehash: bool,
     push_every: int | None,
     no_push: bool,
     no_perm_check: bool,
@@ -124,10 +131,13 @@ def sync(
         fail_fast=fail_fast,
         upgrade=upgrade,
         image=image,
+        rehash=rehash,
     )
     with open_source(layout, source) as opened:
         pending = None if dry_run else finish_pending_prune_if_any(layout)
-        prepared = prepare_sync(layout, opened, options, cluster=cluster, device=device)
+        prepared = prepare_sync(
+            layout, opened, options, cluster=cluster, device=device, rehash=rehash
+        )
         report = SyncReport(prepared, dry_run, pending_prune=pending)
         if dry_run:
             if as_json:

@@ -17,10 +17,11 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from rootstock.dashboard import ingest, views
+from rootstock.dashboard import catalogue, ingest, views
 from rootstock.dashboard.db import begin_write
 from rootstock.dashboard.models import Cluster
 from rootstock.dashboard.schemas import (
+    CatalogueOut,
     ClusterListOut,
     CoverageOut,
     ErrorOut,
@@ -207,3 +208,13 @@ def get_coverage(
 ) -> JSONResponse:
     """The coverage matrix, optionally narrowed to a family, a state or a cluster."""
     return JSONResponse(views.coverage(session, family=family, state=state, cluster=cluster))
+
+
+@router.get(
+    "/catalogue",
+    response_model=CatalogueOut,
+    summary="Every checkpoint across clusters: licence, gating, citation, where verified",
+)
+def get_catalogue(session: SessionDep) -> JSONResponse:
+    """Every checkpoint of the clusters' latest pushes, with what it is and where it runs."""
+    return JSONResponse(catalogue.catalogue(session))

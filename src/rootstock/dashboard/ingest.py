@@ -32,6 +32,7 @@ from sqlalchemy import Insert, Table, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from rootstock.dashboard.models import (
+    INFO,
     NAME,
     TIME,
     Cluster,
@@ -193,6 +194,8 @@ def _lock_cluster(session: Session, cluster: Cluster) -> None:
 # The stored text fields at each level, with their column's length limit.
 ENV_TEXT = {field: NAME for field in ENV_FIELDS}
 ENTRY_TEXT = {"fetched_at": TIME}
+# A checkpoint's info (licence, gating, citation) that a push adds from its env file.
+INFO_TEXT = {"licence": INFO, "gated": INFO, "citation": INFO}
 RECORD_TEXT = {"at": TIME, "state": SHORT, "device": NAME, "message": None}
 RECORD_OBJECTS = ("build", "fingerprint", "checks")
 # The times stored in rows at each level, normalised to UTC (utc_time).
@@ -248,6 +251,9 @@ def check_manifest_shape(manifest: Any) -> None:
             _check_name(checkpoint, NAME, path, "checkpoint ids")
             _check_text(_object(entry, path), ENTRY_TEXT, path)
             _check_times(entry, ENTRY_TIMES, path)
+            info = entry.get("info")
+            if info is not None:
+                _check_text(_object(info, (*path, "info")), INFO_TEXT, (*path, "info"))
             verifications = _object(entry.get("verifications"), (*path, "verifications"))
             for cluster, by_kind in verifications.items():
                 cluster_path = (*path, "verifications", cluster)
@@ -326,6 +332,8 @@ def _rows_from_manifest(
         )
         for checkpoint, entry in (env.get("checkpoints") or {}).items():
             cell = checkpoint_state(manifest, env_name, checkpoint, cluster)
+            by_kind = (entry.get("verifications") or {}).get(cluster) or {}
+            info = cast(Mapping[str, Any], entry).get("info")  # a push-only key
             cell_rows.append(
                 {
                     "cluster_id": cluster_id,
@@ -339,9 +347,11 @@ def _rows_from_manifest(
                     "device": cell.device,
                     "message": cell.message,
                     "push_id": push_id,
+                    "described": info is not None,
+                    **{field: (info or {}).get(field) for field in INFO_TEXT},
+                    "devices": _devices_text(manifest, env_name, checkpoint, cluster, by_kind),
                 }
             )
-            by_kind = (entry.get("verifications") or {}).get(cluster) or {}
             for kind, record in by_kind.items():
                 if not record.get("at"):
                     continue  # a record without a time cannot be placed in history
@@ -361,6 +371,26 @@ def _rows_from_manifest(
                     "push_id": push_id,
                 }
     return env_rows, cell_rows, list(events.values())
+
+
+def _devices_text(
+    manifest: Manifest, env: str, checkpoint: str, cluster: str, by_kind: Mapping[str, Any]
+) -> str | None:
+    """The latest result per device kind, each derived as ``status`` derives it, as JSON.
+
+    ``{kind: {"state", "at", "device", "message"}}``, times in UTC; None when the
+    cluster has no verification of the checkpoint.
+    """
+    devices = {}
+    for kind in sorted(by_kind):
+        state = checkpoint_state(manifest, env, checkpoint, cluster, device_kind=kind)
+        devices[kind] = {
+            "state": state.state,
+            "at": _utc_or_none(state.at),
+            "device": state.device,
+            "message": state.message,
+        }
+    return json.dumps(devices, separators=(",", ":")) if devices else None
 
 
 def _energy(fingerprint: Mapping[str, Any] | None) -> float | None:

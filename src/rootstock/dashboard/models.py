@@ -18,6 +18,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -27,12 +28,14 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAME = 200  # the longest env, checkpoint or cluster name stored
 TIME = 40  # an ISO-8601 timestamp copied from a manifest
+INFO = 500  # a checkpoint's licence, gated URL or citation, as its env file gives it
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -158,6 +161,19 @@ class CoverageCell(Base):
     device: Mapped[str | None] = mapped_column(String(NAME), nullable=True)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     push_id: Mapped[int] = mapped_column(Integer)
+    # What the checkpoint is, from the env file's CHECKPOINT_INFO as the push sent it
+    # (the checkpoint's ``info``). ``described`` is false when the push sent none (a
+    # client from before it, or an env file it could not read): then licence, gated
+    # and citation are unknown, not absent. ``gated`` is the URL where access is
+    # requested, null when the checkpoint is not gated.
+    described: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    licence: Mapped[str | None] = mapped_column(String(INFO), nullable=True)
+    gated: Mapped[str | None] = mapped_column(String(INFO), nullable=True)
+    citation: Mapped[str | None] = mapped_column(String(INFO), nullable=True)
+    # The latest result per device kind, each derived as ``rootstock status`` derives
+    # it (so ``stale`` per kind), as compact JSON text: ``{kind: {"state", "at",
+    # "device", "message"}}``. Null for cells stored before it (revision 0004).
+    devices: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class VerificationEvent(Base):

@@ -1,4 +1,4 @@
-"""The dashboard's HTML pages: the coverage matrix, a cluster's page, usage.
+"""The dashboard's HTML pages: the coverage matrix, a cluster's page, the catalogue, usage.
 
 Rendered on the server by Jinja2 with autoescaping on for every template, so
 anything a push carries (env names, checkpoint ids, messages) lands in the page as
@@ -12,15 +12,17 @@ so a 50 x 300 matrix renders in a single pass without per-cell template logic.
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 
-from rootstock.dashboard import views
+from rootstock.dashboard import catalogue, views
 from rootstock.install.manifest import parse_time as manifest_time
 from rootstock.names import CLUSTER_NAME_PATTERN
 
@@ -45,12 +47,13 @@ SECURITY_HEADERS = {
 }
 
 # The order of the legend and the state filter: best to worst, then not checked.
-PAGE_STATES = ("verified", "stale", "drifted", "failed", "fetched", "not fetched")
+PAGE_STATES = ("verified", "stale", "drifted", "failed", "tampered", "fetched", "not fetched")
 STATE_HELP = {
     "verified": "last check matched the reference fingerprint",
     "stale": "env rebuilt or hotfixed since the last check",
     "drifted": "ran, but moved beyond tolerance from the reference",
     "failed": "last check failed",
+    "tampered": "a weight file changed since it was added; the model was not run",
     "fetched": "weights downloaded, never checked here",
     "not fetched": "declared, weights not downloaded",
 }
@@ -290,6 +293,107 @@ def cluster_page(request: Request, name: str) -> HTMLResponse:
         last_push=when_label(detail["last_push_at"]),
         last_push_age=age_label(detail["last_push_at"], now),
     )
+
+
+_DOI = re.compile(r"^10\.\d{4,9}/\S+$")
+_ARXIV = re.compile(r"^arXiv:(\S+)$")
+_WEB = re.compile(r"^https?://\S+$")
+
+
+def citation_link(citation: str | None) -> str | None:
+    """Where a citation resolves: ``https://doi.org/<doi>`` or ``https://arxiv.org/abs/<id>``.
+
+    None for anything else (shown as text only, never as a link).
+    """
+    if not citation:
+        return None
+    if _DOI.match(citation):
+        return f"https://doi.org/{citation}"
+    found = _ARXIV.match(citation)
+    return f"https://arxiv.org/abs/{found.group(1)}" if found else None
+
+
+def web_link(url: str | None) -> str | None:
+    """``url`` when it is an http(s) URL, so a pushed value never becomes another scheme's link."""
+    return url if url and _WEB.match(url) else None
+
+
+@router.get("/catalogue", response_class=HTMLResponse)
+def catalogue_page(request: Request) -> HTMLResponse:
+    """Every checkpoint across clusters: licence, gating, citation, where it is verified."""
+    with request.app.state.sessions() as session:
+        found = catalogue.catalogue(session)
+    now = datetime.now(UTC)
+    cache: dict[tuple, str] = {}
+    entries = []
+    for entry in found["checkpoints"]:
+        verified: list[str] = []
+        other: list[str] = []
+        for place in entry["clusters"]:
+            devices = place["devices"] or [
+                {"device_kind": None, "device": None, "state": place["state"], "at": None,
+                 "message": place["message"]}
+            ]  # fmt: skip
+            for device in devices:
+                target = verified if device["state"] == "verified" else other
+                target.append(_device_item(place["cluster"], device, now, cache))
+        entries.append(
+            {
+                **entry,
+                "citation_url": citation_link(entry["citation"]),
+                "gated_url": web_link(entry["gated"]),
+                # Markup: every value in the items was escaped by _device_item.
+                "verified": Markup("".join(verified)),
+                "other": Markup("".join(other)),
+            }
+        )
+    return render(
+        "catalogue.html",
+        title="Catalogue",
+        nav="catalogue",
+        entries=entries,
+        generated_at=when_label(found["generated_at"]),
+    )
+
+
+def _device_item(
+    cluster: str, device: dict[str, Any], now: datetime, cache: dict[tuple, str]
+) -> str:
+    """One cluster's result for one device kind as an ``<li>``, every value escaped.
+
+    Built here, like the matrix cells, because 50 clusters x 300 checkpoints is 15,000
+    items: one f-string per distinct item is several times faster than template logic
+    per item, and a smoke-test run gives many checkpoints the same result.
+    """
+    kind, name, state = device["device_kind"], device["device"], device["state"]
+    at, message = device["at"], device["message"]
+    key = (cluster, kind, name, state, at, message)
+    html = cache.get(key)
+    if html is not None:
+        return html
+    link = f'<a href="/clusters/{escape(quote(cluster, safe=""))}">{escape(cluster)}</a>'
+    when = when_label(at)
+    if state == "verified":
+        age = age_label(at, now)
+        html = (
+            f'<li data-cluster="{escape(cluster)}">{link} '
+            f'<span class="badge {state_class(state)}">{escape(kind or "")}</span> '
+            f"{escape(name or '')} "
+            f'<span class="muted" title="{escape(at or "")}">{escape(when)}'
+            f"{f' ({escape(age)})' if age else ''}</span></li>"
+        )
+    else:
+        label = f"{state} ({kind})" if kind else str(state)
+        html = (
+            f'<li data-cluster="{escape(cluster)}" data-state="{escape(state)}">{link} '
+            f'<span class="badge {escape(state_class(state))}" title="{escape(message or "")}">'
+            f"{escape(label)}</span>"
+            + (f' <span class="muted" title="{escape(at)}">{escape(when)}</span>' if at else "")
+            + (f'<span class="msg">{escape(message)}</span>' if message else "")
+            + "</li>"
+        )
+    cache[key] = html
+    return html
 
 
 @router.get("/usage", response_class=HTMLResponse)

@@ -26,7 +26,7 @@ from pydantic import (
 )
 from typing_extensions import TypedDict, get_type_hints, is_typeddict
 
-from rootstock.dashboard.models import NAME, TIME
+from rootstock.dashboard.models import INFO, NAME, TIME
 from rootstock.install.manifest import (
     DISPLAY_STATES,
     MANIFEST_VERSION,
@@ -41,7 +41,7 @@ from rootstock.install.manifest import (
     Verification,
     parse_time,
 )
-from rootstock.install.manifest.types import ImageRecord
+from rootstock.install.manifest.types import ImageRecord, WeightFile
 from rootstock.names import CLUSTER_NAME_PATTERN
 
 INT32 = 2**31 - 1  # the Integer columns' range on PostgreSQL
@@ -135,6 +135,9 @@ def _text_problem(text: str) -> str | None:
 #   for those fields.
 OPEN_RECORD = ConfigDict(extra="allow", strict=True)
 _DERIVED: dict[type, Any] = {}
+# The fields each derived type has beyond its core type: a push adds them to the
+# manifest it sends (the file itself never holds them).
+PUSH_ONLY_FIELDS: dict[type, frozenset[str]] = {}
 # The functional TypedDict form, untyped: the names and fields are only known at runtime.
 _make_typed_dict: Any = TypedDict
 
@@ -158,17 +161,28 @@ def _keyed(key: Any, value: Any) -> Any:
     return GenericAlias(dict, (key, value))
 
 
-def derive_record(core: type, name: str, limits: dict[str, Any] | None = None) -> Any:
+def derive_record(
+    core: type,
+    name: str,
+    limits: dict[str, Any] | None = None,
+    added: dict[str, Any] | None = None,
+) -> Any:
     """A pydantic-ready copy of the core TypedDict ``core``, named ``name``.
 
     ``limits`` replaces a field's type (wrap it in ``NotRequired`` for an optional
-    key); every other field keeps the core's type and required-ness.
+    key); every other field keeps the core's type and required-ness. ``added``
+    declares fields a push carries that the manifest file does not (the client adds
+    them to its payload), typed the same way.
     """
     limits = limits or {}
+    added = added or {}
     hints = get_type_hints(core)
     unknown = set(limits) - set(hints)
     if unknown:
         raise TypeError(f"{core.__name__} has no fields {sorted(unknown)}")
+    clashing = set(added) & set(hints)
+    if clashing:
+        raise TypeError(f"{core.__name__} already has fields {sorted(clashing)}")
     required: frozenset[str] = getattr(core, "__required_keys__", frozenset())
     fields: dict[str, Any] = {}
     for key, hint in hints.items():
@@ -177,6 +191,9 @@ def derive_record(core: type, name: str, limits: dict[str, Any] | None = None) -
         else:
             swapped = _swap(hint)
             fields[key] = swapped if key in required else NotRequired[swapped]
+    fields.update(added)
+    if added:
+        PUSH_ONLY_FIELDS[core] = frozenset(added)
     derived = _make_typed_dict(name, fields)
     derived.__doc__ = core.__doc__
     derived.__pydantic_config__ = OPEN_RECORD
@@ -231,6 +248,24 @@ VerificationIn = derive_record(
         "build": NotRequired[BuildRefIn | None],
     },
 )
+WeightFileIn = derive_record(WeightFile, "WeightFile")
+InfoText = Annotated[str, StringConstraints(max_length=INFO)]
+
+
+class CheckpointInfoIn(TypedDict, total=False):
+    """What a checkpoint is, from its env file's ``CHECKPOINT_INFO`` (a push adds it).
+
+    ``gated`` is the URL where access is requested, null when the checkpoint is not
+    gated. Other ``CHECKPOINT_INFO`` fields a newer client sends are kept and ignored.
+    """
+
+    __pydantic_config__ = OPEN_RECORD  # type: ignore[misc]  # pydantic reads it from the class
+
+    licence: NotRequired[InfoText | None]
+    gated: NotRequired[InfoText | None]
+    citation: NotRequired[InfoText | None]
+
+
 CheckpointIn = derive_record(
     CheckpointRecord,
     "CheckpointEntry",
@@ -238,6 +273,7 @@ CheckpointIn = derive_record(
         "fetched_at": _Time,
         "verifications": NotRequired[_keyed(ClusterName, _keyed(Short, VerificationIn))],
     },
+    added={"info": NotRequired[CheckpointInfoIn | None]},
 )
 ImageIn = derive_record(ImageRecord, "EnvImage")
 EnvIn = derive_record(
@@ -406,6 +442,47 @@ class CoverageOut(BaseModel):
     clusters: list[CoverageColumnOut]
     families: list[str]
     checkpoints: list[CoverageRowOut]
+
+
+class CatalogueDeviceOut(BaseModel):
+    """The latest result of one device kind on one cluster."""
+
+    device_kind: str
+    device: str | None
+    state: str | None
+    at: str | None
+    message: str | None
+
+
+class CatalogueClusterOut(BaseModel):
+    """A checkpoint on one cluster: its cell's state and its results per device kind."""
+
+    cluster: str
+    env: str
+    state: str
+    message: str | None
+    devices: list[CatalogueDeviceOut]
+
+
+class CatalogueEntryOut(BaseModel):
+    """One checkpoint: what it is and where it is verified."""
+
+    checkpoint: str
+    family: str
+    described: bool
+    licence: str | None
+    gated: str | None
+    citation: str | None
+    verified_on: list[str]
+    clusters: list[CatalogueClusterOut]
+
+
+class CatalogueOut(BaseModel):
+    """Every checkpoint across clusters."""
+
+    version: int
+    generated_at: str
+    checkpoints: list[CatalogueEntryOut]
 
 
 class ErrorOut(BaseModel):

@@ -55,6 +55,7 @@ class EnvPlan:
     interpreter: str | None = None
     shadows: list[Shadowed] = field(default_factory=list)
     problems: list[LintProblem] = field(default_factory=list)
+    warnings: list[LintProblem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -77,11 +78,19 @@ class EnvPlan:
             "lockfile": str(self.lockfile) if self.lockfile else None,
             "interpreter": self.interpreter,
             "shadows": [s.to_dict() for s in self.shadows],
-            "problems": [
-                {"path": str(p.path), "line": p.line, "message": p.message, "fix": p.fix}
-                for p in self.problems
-            ],
+            "problems": [_problem_dict(p) for p in self.problems],
+            "warnings": [_problem_dict(w) for w in self.warnings],
         }
+
+
+def _problem_dict(problem: LintProblem) -> dict[str, Any]:
+    """One lint problem or warning as the ``install --dry-run --json`` document gives it."""
+    return {
+        "path": str(problem.path),
+        "line": problem.line,
+        "message": problem.message,
+        "fix": problem.fix,
+    }
 
 
 @dataclass
@@ -151,6 +160,7 @@ def plan_env(
         tool_uv=dict((env.script_metadata.get("tool") or {}).get("uv") or {}),
         source_hash=env.source_hash,
         problems=list(problems),
+        warnings=list(env.warnings),
     )
     if problems:
         plan.action, plan.reason = BLOCKED, "the file fails the install lint"

@@ -1,8 +1,8 @@
 """Environment files: a PEP 723 block plus literal tables, read with ``ast``.
 
 An env file is never imported by the client. Its dependencies come from the
-``# /// script`` block; ``CHECKPOINTS``, ``VERIFY_KWARGS``, ``VERIFY_CHECKS``, ``CLUSTERS``
-and ``VERIFY_STRUCTURE`` are literal module-level assignments; ``setup``,
+``# /// script`` block; ``CHECKPOINTS``, ``VERIFY_KWARGS``, ``VERIFY_CHECKS``, ``CLUSTERS``,
+``VERIFY_STRUCTURE`` and ``CHECKPOINT_INFO`` are literal module-level assignments; ``setup``,
 ``setup_from_path``, ``download`` and ``evaluate_batch`` are detected as top-level
 functions.
 """
@@ -22,8 +22,10 @@ from rootstock.install.envtables import (
     CHECKPOINT_ID_RE,
     CUSTOM_SUFFIX,
     SETUP_FROM_PATH_SIGNATURE,
+    CheckpointInfo,
     Report,
     is_custom_id,
+    read_checkpoint_info,
     read_checkpoints,
     read_clusters,
     read_verify_checks,
@@ -36,6 +38,7 @@ __all__ = [
     "CHECKPOINT_ID_RE",
     "CUSTOM_SUFFIX",
     "ENV_NAME_RE",
+    "CheckpointInfo",
     "EnvFile",
     "LintProblem",
     "id_conflicts",
@@ -49,7 +52,14 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _PEP723_RE = re.compile(r"(?m)^# /// (?P<type>[a-zA-Z0-9-]+)$\s(?P<content>(^#(| .*)$\s)+)^# ///$")
 _SCRIPT_OPEN_RE = re.compile(r"(?m)^# /// script\s*$")
 _REQUIREMENT_NAME_RE = re.compile(r"^\s*([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)")
-TABLES = ("CHECKPOINTS", "VERIFY_KWARGS", "VERIFY_CHECKS", "CLUSTERS", "VERIFY_STRUCTURE")
+TABLES = (
+    "CHECKPOINTS",
+    "VERIFY_KWARGS",
+    "VERIFY_CHECKS",
+    "CLUSTERS",
+    "VERIFY_STRUCTURE",
+    "CHECKPOINT_INFO",
+)
 _MUTATING_METHODS = frozenset(
     {"update", "pop", "popitem", "setdefault", "clear", "append", "extend", "insert", "remove"}
 )
@@ -85,6 +95,10 @@ class EnvFile:
     verify_checks: dict[str, dict[str, str]] = field(default_factory=dict)
     clusters: list[str] | None = None
     verify_structure: dict[str, Any] | None = None
+    # {checkpoint: CheckpointInfo}: licence, gating, source, citation, training data.
+    checkpoint_info: dict[str, CheckpointInfo] = field(default_factory=dict)
+    # What the lint noticed but does not refuse (an unknown CHECKPOINT_INFO field).
+    warnings: list[LintProblem] = field(default_factory=list)
     functions: set[str] = field(default_factory=set)
     table_lines: dict[str, int] = field(default_factory=dict)
     id_lines: dict[str, int] = field(default_factory=dict)
@@ -113,6 +127,10 @@ class EnvFile:
 
     def declared_ids(self) -> list[str]:
         return list(self.checkpoints)
+
+    def gated_url(self, checkpoint: str) -> str | None:
+        """Where access to ``checkpoint``'s gated weights is requested; None if not gated."""
+        return self.checkpoint_info.get(checkpoint, {}).get("gated")
 
     def line_of(self, checkpoint: str) -> int:
         """The line that declares ``checkpoint`` (the table's line if unknown)."""
@@ -157,6 +175,9 @@ def parse_env_file(path: Path, name: str | None = None) -> tuple[EnvFile, list[L
     def problem(line: int, message: str, fix: str) -> None:
         problems.append(LintProblem(path, line, message, fix))
 
+    def warning(line: int, message: str, fix: str) -> None:
+        env.warnings.append(LintProblem(path, line, message, fix))
+
     if not ENV_NAME_RE.match(env.name):
         problem(
             1,
@@ -175,7 +196,7 @@ def parse_env_file(path: Path, name: str | None = None) -> tuple[EnvFile, list[L
         return env, problems
 
     _read_script_block(env, problem)
-    _read_module(env, tree, problem)
+    _read_module(env, tree, problem, warning)
     return env, problems
 
 
@@ -241,7 +262,7 @@ def _read_script_block(env: EnvFile, problem: Report) -> None:
         env.requires_python = rp
 
 
-def _read_module(env: EnvFile, tree: ast.Module, problem: Report) -> None:
+def _read_module(env: EnvFile, tree: ast.Module, problem: Report, warning: Report) -> None:
     values: dict[str, tuple[int, Any]] = {}
     nodes: dict[str, ast.expr] = {}
     for node in tree.body:
@@ -317,6 +338,18 @@ def _read_module(env: EnvFile, tree: ast.Module, problem: Report) -> None:
     if "VERIFY_STRUCTURE" in values:
         line, table = values["VERIFY_STRUCTURE"]
         env.verify_structure = read_verify_structure(table, line, problem)
+    if "CHECKPOINT_INFO" in values:
+        line, table = values["CHECKPOINT_INFO"]
+        info_node = nodes["CHECKPOINT_INFO"]
+        env.checkpoint_info = read_checkpoint_info(
+            table,
+            line,
+            _key_lines(info_node),
+            env.checkpoints,
+            problem,
+            warning,
+            _nested_key_lines(info_node),
+        )
 
 
 def _simple_assignment(node: ast.stmt) -> tuple[str | None, ast.expr | None]:

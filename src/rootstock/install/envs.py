@@ -303,6 +303,29 @@ def _recorded_checkpoints(layout: InstallLayout) -> dict[str, dict]:
     }
 
 
+def recorded_weights(layout: InstallLayout, env_name: str, checkpoint: str) -> dict[str, dict]:
+    """The checkpoint's recorded weight files (``{path: {size, sha256, mtime}}``, paths
+    relative to the cache root); empty when none are recorded or the manifest cannot be
+    read.
+
+    A worker start asks this, so it is a lean read: the JSON parsed, neither migrated
+    nor validated (a large install's manifest is megabytes), and what it gives is only
+    a hint for a warning (verification re-reads the manifest properly).
+    """
+    try:
+        manifest = loads_json(read_regular_file(layout.manifest_file, None))
+    except (OSError, ParseProblem, ValueError):
+        return {}
+    node: object = manifest
+    for key in ("envs", env_name, "checkpoints", checkpoint, "weights"):
+        node = node.get(key) if isinstance(node, dict) else None
+    return {
+        path: entry
+        for path, entry in (node.items() if isinstance(node, dict) else ())
+        if isinstance(path, str) and isinstance(entry, dict)
+    }
+
+
 def envs_on_cluster(envs: list[EnvFile], cluster: str | None) -> list[EnvFile]:
     """The envs that apply on ``cluster``: universal ones plus its variants."""
     return [

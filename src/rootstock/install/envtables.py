@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, cast
 
 CHECKPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?::custom)?$")
 CUSTOM_SUFFIX = ":custom"
@@ -30,6 +30,29 @@ STRUCTURE_EXAMPLE = (
 
 # problem(line, message, fix): how every reader reports what it finds.
 Report = Callable[[int, str, str], None]
+
+
+class CheckpointInfo(TypedDict, total=False):
+    """What a checkpoint is (``CHECKPOINT_INFO[id]``); every field is optional."""
+
+    licence: str  # an SPDX id or expression, "proprietary", or "custom:<url>"
+    gated: str | None  # None, or the URL where access is requested
+    source: str  # where the weights come from
+    citation: str  # a DOI (10.x/y) or an arXiv id (arXiv:YYMM.NNNNN)
+    training_data: str
+    summary: str
+
+
+CHECKPOINT_INFO_FIELDS: tuple[str, ...] = tuple(CheckpointInfo.__annotations__)
+CHECKPOINT_INFO_EXAMPLE = (
+    'CHECKPOINT_INFO = {"my-model-1": {"licence": "MIT", "citation": "10.1000/xyz"}}'
+)
+# An SPDX id (MIT, Apache-2.0, LicenseRef-x) or an expression of them (MIT OR Apache-2.0).
+_SPDX_ID = r"\(?[A-Za-z0-9][A-Za-z0-9.+-]*\)?"
+_SPDX_RE = re.compile(rf"^{_SPDX_ID}(?: (?:AND|OR|WITH) {_SPDX_ID})*$")
+_URL_RE = re.compile(r"^https?://[^\s/]+\S*$")
+_DOI_RE = re.compile(r"^10\.\d{4,9}/\S+$")
+_ARXIV_RE = re.compile(r"^arXiv:(?:\d{4}\.\d{4,5}|[a-z-]+(?:\.[A-Z]{2})?/\d{7})(?:v\d+)?$")
 
 
 def is_custom_id(checkpoint: str) -> bool:
@@ -325,3 +348,86 @@ def read_verify_structure(table: Any, line: int, problem: Report) -> dict[str, A
         )
         return None
     return table
+
+
+def _info_value_problem(name: str, value: Any) -> tuple[str, str] | None:
+    """``(what is wrong, how to write it)`` for one CHECKPOINT_INFO field, or None."""
+    if name == "gated":
+        if value is None or (isinstance(value, str) and _URL_RE.match(value)):
+            return None
+        return "must be None or the URL where access is requested", '"gated": "https://..."'
+    if not isinstance(value, str) or not value.strip():
+        return f"is {value!r}; it must be a non-empty string", f'"{name}": "..."'
+    if name == "licence" and not (
+        value == "proprietary"
+        or (value.startswith("custom:") and _URL_RE.match(value.removeprefix("custom:")))
+        or _SPDX_RE.match(value)
+    ):
+        return (
+            f"is {value!r}, not an SPDX id, 'proprietary' or 'custom:<url>'",
+            '"licence": "MIT" (an id from https://spdx.org/licenses/), or "custom:https://..."',
+        )
+    if name == "citation" and not (_DOI_RE.match(value) or _ARXIV_RE.match(value)):
+        return (
+            f"is {value!r}, neither a DOI nor an arXiv id",
+            '"citation": "10.1038/s42256-023-00716-3" or "arXiv:2401.00096"',
+        )
+    return None
+
+
+def read_checkpoint_info(
+    table: Any,
+    line: int,
+    key_lines: dict[str, int],
+    declared: dict[str, str | None],
+    problem: Report,
+    warning: Report,
+    inner_lines: dict[str, dict[str, int]] | None = None,
+) -> dict[str, CheckpointInfo]:
+    """The valid ``{id: CheckpointInfo}`` entries of ``CHECKPOINT_INFO``.
+
+    An id ``CHECKPOINTS`` does not declare, a value that is not a dict and a field
+    of the wrong type are problems; a field this version does not know is a
+    ``warning`` (a newer rootstock may know it), and is left out of the result.
+    """
+    if not isinstance(table, dict):
+        problem(
+            line,
+            "CHECKPOINT_INFO must be a dict {checkpoint-id: {field: value}}",
+            f"write {CHECKPOINT_INFO_EXAMPLE}",
+        )
+        return {}
+    infos: dict[str, CheckpointInfo] = {}
+    for key, value in table.items():
+        at = key_lines.get(key, line) if isinstance(key, str) else line
+        if key not in declared:
+            problem(
+                at,
+                f"CHECKPOINT_INFO describes {key!r}, an id CHECKPOINTS does not declare",
+                "use a declared checkpoint id as the key, or remove the entry",
+            )
+            continue
+        if not isinstance(value, dict):
+            problem(
+                at,
+                f"CHECKPOINT_INFO[{key!r}] must be a dict {{field: value}}",
+                f'write "{key}": {{"licence": "MIT"}}',
+            )
+            continue
+        info: dict[str, Any] = {}
+        for name, field_value in value.items():
+            here = (inner_lines or {}).get(key, {}).get(name, at)
+            if name not in CHECKPOINT_INFO_FIELDS:
+                warning(
+                    here,
+                    f"CHECKPOINT_INFO[{key!r}] has an unknown field {name!r}; it is ignored",
+                    f"use only {', '.join(CHECKPOINT_INFO_FIELDS)} (docs/environments.md)",
+                )
+                continue
+            wrong = _info_value_problem(name, field_value)
+            if wrong is not None:
+                problem(here, f"CHECKPOINT_INFO[{key!r}][{name!r}] {wrong[0]}", f"write {wrong[1]}")
+                continue
+            info[name] = field_value
+        infos[key] = cast(CheckpointInfo, info)
+    return infos

@@ -10,6 +10,7 @@ the root itself.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -98,6 +99,20 @@ class InstallLayout:
     @property
     def usage_dir(self) -> Path:
         return self.cache_root / "usage"
+
+    @property
+    def reverify_dir(self) -> Path:
+        """Where a worker start marks checkpoints whose weight files changed."""
+        return self.root / ".reverify"
+
+    def reverify_marker(self, env_name: str, checkpoint: str) -> Path:
+        """The marker asking the next verification to re-hash ``checkpoint``'s weights.
+
+        Named by a hash of the env and the id, so any id makes a plain file name and a
+        second worker start finds the first one's marker instead of adding another.
+        """
+        key = hashlib.sha256(f"{env_name}\0{checkpoint}".encode()).hexdigest()[:32]
+        return self.reverify_dir / f"{key}.json"
 
     def env_dir(self, name: str) -> Path:
         return self.envs_dir / name

@@ -5,8 +5,9 @@ atomate2's force-field makers with the calculator swapped for a
 :class:`~rootstock.RootstockCalculator`. atomate2 caches the calculator on the maker
 and never closes it, so each job closes it when it ends (the worker stops) unless
 ``keep_worker=True``. The task document's ``forcefield_name`` reads
-``rootstock:<checkpoint>`` and ``forcefield_version`` rootstock's version.
-See docs/integrations.md.
+``rootstock:<checkpoint>`` and ``forcefield_version`` rootstock's version, and
+its ``entry.parameters["provenance"]`` (pymatgen's place for how an entry was
+computed) holds the calculator's provenance. See docs/integrations.md.
 """
 
 from __future__ import annotations
@@ -79,15 +80,29 @@ class _RootstockMaker:
         return self.run_ase(*args, **kwargs)  # type: ignore[attr-defined]  # atomate2's makers define it
 
     def _run_then_close(self, make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run atomate2's own job body; close the worker after unless keep_worker."""
+        """Run atomate2's own job body, recording the provenance in its task document(s);
+        close the worker after unless keep_worker."""
         try:
-            return make(self, *args, **kwargs)
+            output = make(self, *args, **kwargs)
+            calculator = getattr(self, "_calculator", None)
+            if calculator is not None:
+                _record_provenance(output, calculator.provenance)
+            return output
         finally:
             calculator = getattr(self, "_calculator", None)
             if calculator is not None and not self.keep_worker:
                 calculator.close()
                 # A later job on this maker starts a fresh worker.
                 self._calculator = None
+
+
+def _record_provenance(output: Any, provenance: Any) -> None:
+    """Put ``provenance`` into the entry parameters of the task document (or of each,
+    for a list of structures): the task document has no field of its own for it."""
+    for document in output if isinstance(output, list) else [output]:
+        entry = getattr(document, "entry", None)
+        if entry is not None:
+            entry.parameters["provenance"] = provenance
 
 
 def _original(method: Any) -> Callable[..., Any]:

@@ -9,7 +9,10 @@ checkpoint is fetched, and verifies again.
 The download also records which files the checkpoint owns (the record's
 ``files``, which ``prune`` reference-counts): the paths the ``download()`` hook
 returned, plus whatever appeared or changed under ``cache/`` and ``home/`` while
-it ran (a scan before and after).
+it ran (a scan before and after). Each weight file among them is hashed just after
+the fetch (size, sha256, mtime: the record's ``weights``), and a re-run of ``add``
+on a fetched checkpoint hashes them again and records what is on disk, which is how
+a changed (``tampered``) file is accepted (:mod:`rootstock.ops.integrity`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from typing import Any
 from rootstock.errors import RootstockError, UsageError
 from rootstock.install import Reporter
 from rootstock.install.envfile import is_custom_id
-from rootstock.install.envs import resolve_checkpoint
+from rootstock.install.envs import load_installed_env, resolve_checkpoint
 from rootstock.install.layout import InstallLayout
 from rootstock.install.machine import resolve_cluster
 from rootstock.install.manifest import Verification, load_manifest, record_fetch
 from rootstock.install.perms import maintainer_umask
+from rootstock.install.weights import weigh_files
+from rootstock.ops.integrity import accept_weights
 from rootstock.ops.verify import DEFAULT_VERIFY_TIMEOUT, VerifyOutcome, verify_and_record
 
 DEFAULT_DOWNLOAD_TIMEOUT = 3600.0
@@ -98,13 +103,21 @@ def fetch_checkpoint(
 ) -> tuple[float, list[str]]:
     """Run the env's download phase in a worker on the CPU with the network allowed.
 
-    Returns the seconds taken and the paths the ``download()`` hook returned.
+    Returns the seconds taken and the paths the ``download()`` hook returned. A
+    checkpoint whose ``CHECKPOINT_INFO`` says it is gated is refused before the
+    worker starts when no Hugging Face token is found.
     """
     from rootstock.runtime import run_download
 
+    gated_url = load_installed_env(layout, env_name).gated_url(checkpoint)
     start = time.monotonic()
     returned = run_download(
-        layout, env_name, checkpoint=checkpoint, setup_kwargs=kwargs, timeout=timeout
+        layout,
+        env_name,
+        checkpoint=checkpoint,
+        setup_kwargs=kwargs,
+        timeout=timeout,
+        gated_url=gated_url,
     )
     return time.monotonic() - start, returned
 
@@ -119,7 +132,8 @@ def fetch_and_record(
     """Download ``checkpoint``, stamp it fetched and record its files (``add``, ``sync``).
 
     The files are those the hook returned and those that appeared or changed under
-    ``cache/`` and ``home/`` during the download. A download running at the same
+    ``cache/`` and ``home/`` during the download; each weight file among them is
+    hashed (size, sha256, mtime) before the record is written. A download running at the same
     time into the same cache root (another ``add``, ``sync --jobs``) may have its
     files attributed here too: over-attribution only keeps files longer, since
     ``prune`` deletes a file only when no surviving checkpoint lists it.
@@ -127,7 +141,8 @@ def fetch_and_record(
     before = scan_cache(layout)
     seconds, returned = fetch_checkpoint(layout, env_name, checkpoint, kwargs, timeout)
     files = attributed_files(layout, before, scan_cache(layout), returned)
-    record = record_fetch(layout, env_name, checkpoint, files=files)
+    weights, _gone = weigh_files(layout.cache_root, files)
+    record = record_fetch(layout, env_name, checkpoint, files=files, weights=weights)
     return FetchResult(seconds, record.get("files"))
 
 
@@ -280,6 +295,10 @@ def add(
             download_seconds, files, downloaded = fetch.seconds, fetch.files, True
         else:
             step(f"{checkpoint}: already fetched; skipping the download")
+            # Accept the files as they are now: a re-run of add is how a changed
+            # (tampered) weight file becomes the recorded one.
+            step(f"{checkpoint}: hashing its weight files")
+            accept_weights(layout, env.name, checkpoint, files)
         if not verify:
             return AddResult(
                 checkpoint, env.name, machine, downloaded, download_seconds, None, None, files

@@ -44,6 +44,8 @@ class InstallOutcome:
     versions: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
     error: RootstockError | None = None
+    #: What the lint noticed but does not refuse (``FILE:LINE: message (fix: ...)``).
+    warnings: list[str] = field(default_factory=list)
     #: Notes already given to the ``step`` reporter as they happened (the
     #: interpreter's): part of the outcome, but a renderer need not repeat them.
     reported: list[str] = field(default_factory=list)
@@ -62,6 +64,7 @@ class InstallOutcome:
             "interpreter": self.interpreter,
             "versions": self.versions,
             "notes": self.all_notes,
+            "warnings": self.warnings,
             "error": str(self.error) if self.error else None,
         }
 
@@ -225,6 +228,7 @@ def install_one(
     """Lint, build and register one env file."""
     env = read_env_file(path)
     name = env.name
+    warnings = [str(w) for w in env.warnings]
     registered = layout.registered_source(name)
     installed = name in installed_env_names(layout)
     if installed and not force:
@@ -235,6 +239,7 @@ def install_one(
                 "unchanged",
                 layout.env_dir(name),
                 notes=[f"{name} is already installed; pass --force to rebuild"],
+                warnings=warnings,
             )
         raise EnvFileError(
             f"env {name!r} is already installed from a different source",
@@ -282,6 +287,7 @@ def install_one(
         result.metadata["versions"],
         notes=result.warnings,
         reported=choice[1],
+        warnings=warnings,
     )
 
 

@@ -17,6 +17,10 @@ class ListedEnv(TypedDict):
     custom: list[str]
     clusters: list[str] | None
     verify_kwargs: dict[str, dict[str, Any]]
+    #: Each id's ``CHECKPOINT_INFO`` licence (None where the env file gives none).
+    licences: dict[str, str | None]
+    #: The gated ids, each with the URL where access is requested.
+    gated: dict[str, str]
     error: str | None
 
 
@@ -33,7 +37,8 @@ def list_envs(layout: InstallLayout) -> EnvListing:
 
     A broken env (its ``env_source.py`` does not parse) is listed too, with
     ``error`` set to ``file:line: message`` and the ids the manifest recorded for
-    it; ``clusters`` is then None because it cannot be read.
+    it; ``clusters`` is then None and ``licences`` and ``gated`` are empty, because
+    the file cannot be read.
     """
     found = scan_installed_envs(layout)
     rows: list[ListedEnv] = [
@@ -43,6 +48,8 @@ def list_envs(layout: InstallLayout) -> EnvListing:
             "custom": [c for c in env.checkpoints if is_custom_id(c)],
             "clusters": env.clusters,
             "verify_kwargs": env.verify_kwargs,
+            "licences": {c: env.checkpoint_info.get(c, {}).get("licence") for c in env.checkpoints},
+            "gated": {c: url for c in env.checkpoints if (url := env.gated_url(c))},
             "error": None,
         }
         for env in found.envs
@@ -54,6 +61,8 @@ def list_envs(layout: InstallLayout) -> EnvListing:
             "custom": [c for c in broken.recorded_ids if is_custom_id(c)],
             "clusters": None,
             "verify_kwargs": {},
+            "licences": {},
+            "gated": {},
             "error": broken.message,
         }
         for broken in found.broken

@@ -4,9 +4,10 @@ A shared install serving several clusters pushes one manifest per cluster, each 
 cluster's view (:func:`~rootstock.install.manifest.cluster_view`: only its own
 verifications), with each env's ``source_hash`` refreshed from the live
 ``envs/<env>/env_source.py`` so an unverified hotfix shows as stale on the
-dashboard too. The wire format is docs/dashboard-api.md; the transport policy
-(timeouts, capped retries, one retry of a refused connection) is
-:mod:`rootstock.ops.http_client`.
+dashboard too, and each checkpoint's ``info`` (licence, gated URL, citation) from
+the env file's ``CHECKPOINT_INFO``, for the dashboard's catalogue. The wire format
+is docs/dashboard-api.md; the transport policy (timeouts, capped retries, one retry
+of a refused connection) is :mod:`rootstock.ops.http_client`.
 
 Nothing here writes the local manifest: a push only ever reads it, so a failed push
 leaves the install exactly as it was, and ``rootstock manifest push`` catches up.
@@ -18,11 +19,12 @@ import os
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from rootstock.errors import PushError, PushNotConfigured
 from rootstock.install.config import config_path, load_config
 from rootstock.install.envfile import source_hash
+from rootstock.install.envs import scan_installed_envs
 from rootstock.install.layout import InstallLayout
 from rootstock.install.machine import resolve_cluster, served_clusters
 from rootstock.install.manifest import MANIFEST_VERSION, Manifest, cluster_view, load_manifest
@@ -39,6 +41,8 @@ from rootstock.ops.http_client import (
 RETRY_COMMAND = "rootstock manifest push"
 USAGE_PAYLOAD_VERSION = 1
 CREDENTIAL_KEYS = ("api_url", "api_key", "api_secret")
+# The CHECKPOINT_INFO fields a push carries per checkpoint (the dashboard's catalogue).
+PUSHED_INFO_FIELDS = ("licence", "gated", "citation")
 
 
 @dataclass(frozen=True)
@@ -154,8 +158,10 @@ def manifest_payloads(
 ) -> dict[str, Manifest]:
     """One payload per cluster: its view of the manifest, with live source hashes.
 
-    ``clusters`` defaults to every cluster the install serves. The local manifest
-    is only read; the refreshed hashes exist in the payloads alone.
+    Each checkpoint of an env whose ``env_source.py`` parses also carries ``info``
+    (:func:`checkpoint_infos`). ``clusters`` defaults to every cluster the install
+    serves. The local manifest is only read; the refreshed hashes and the info
+    exist in the payloads alone.
     """
     data = manifest if manifest is not None else load_manifest(layout)
     names = (
@@ -164,14 +170,42 @@ def manifest_payloads(
         else served_clusters(layout, data)
     )
     live = live_source_hashes(layout, data)
+    infos = checkpoint_infos(layout)
     payloads: dict[str, Manifest] = {}
     for name in names:
         view = cluster_view(data, name)
         for env_name, env in view.get("envs", {}).items():
             if env_name in live:
                 env["source_hash"] = live[env_name]
+            described = infos.get(env_name)
+            if described is None:
+                continue  # unreadable: sent without info, which the dashboard shows as unknown
+            for checkpoint, entry in env.get("checkpoints", {}).items():
+                # A payload-only key: the manifest file never holds it.
+                cast(dict[str, Any], entry)["info"] = described.get(
+                    checkpoint, dict.fromkeys(PUSHED_INFO_FIELDS)
+                )
         payloads[name] = view
     return payloads
+
+
+def checkpoint_infos(layout: InstallLayout) -> dict[str, dict[str, dict[str, str | None]]]:
+    """``{env: {checkpoint: info}}`` for every built env whose ``env_source.py`` parses.
+
+    ``info`` holds :data:`PUSHED_INFO_FIELDS` from the env file's ``CHECKPOINT_INFO``,
+    each None where the file gives none (``gated`` None: not gated). Broken envs are
+    left out, so their checkpoints go without info rather than with wrong info.
+    """
+    return {
+        env.name: {
+            checkpoint: {
+                field: cast(dict[str, Any], env.checkpoint_info.get(checkpoint, {})).get(field)
+                for field in PUSHED_INFO_FIELDS
+            }
+            for checkpoint in env.checkpoints
+        }
+        for env in scan_installed_envs(layout).envs
+    }
 
 
 def live_source_hashes(layout: InstallLayout, manifest: Manifest) -> dict[str, str]:

@@ -4,6 +4,10 @@ the moment it is known.
 Each result is one short locked write of its own manifest record, so a run killed
 at its wall-time limit keeps every stamp it reached. Nothing is downloaded.
 
+Before each forward pass the checkpoint's weight files are compared with what
+``add`` recorded (size and mtime; every file re-hashed with ``rehash``): a changed
+file records ``tampered`` and the model is not run (:mod:`rootstock.ops.integrity`).
+
 A broken env (its ``env_source.py`` does not parse) is not skipped: each fetched
 id the manifest recorded for it is stamped ``failed`` with ``file:line: message``,
 first, without starting a worker (every spawn of it would fail the same way).
@@ -111,8 +115,12 @@ def smoke_test(
     on_result: Callable[[SmokeResult], None] = lambda _r: None,
     snapshot_every: int | None = None,
     on_snapshot: Callable[[int], None] = lambda _n: None,
+    rehash: bool = False,
 ) -> SmokeReport:
     """Re-verify every fetched checkpoint served on this cluster; never download.
+
+    ``rehash`` re-hashes every recorded weight file before its forward pass (by
+    default only those whose size or mtime changed).
 
     ``on_snapshot(done)`` is called after every ``snapshot_every`` results (not
     after the last one: the caller's final push covers it). It runs while results
@@ -154,6 +162,8 @@ def smoke_test(
             device=lend_slot,
             kwargs=None,
             timeout=verify_timeout,
+            recheck=True,
+            rehash=rehash,
         )
         outcome, record = verified.outcome, verified.record
         result = SmokeResult(

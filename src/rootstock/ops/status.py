@@ -22,6 +22,10 @@ from rootstock.install.locking import probe_lock
 from rootstock.install.machine import served_clusters
 from rootstock.install.manifest import Manifest, checkpoint_state, load_manifest
 
+#: The state ``status`` shows, in place of ``not fetched``, for a checkpoint whose
+#: ``CHECKPOINT_INFO`` names a ``gated`` URL (the manifest never stores it).
+GATED = "gated"
+
 
 class CheckpointRow(TypedDict):
     """One checkpoint of an env: its cell (``CheckpointState.to_dict``) per cluster."""
@@ -163,12 +167,22 @@ def _checkpoint_rows(
         for cluster in clusters:
             if not serves_on(env, checkpoint, cluster, variants):
                 continue
-            states[cluster] = checkpoint_state(
+            cell = checkpoint_state(
                 manifest, env.name, checkpoint, cluster, current_source_hash=current_hash
             ).to_dict()
+            states[cluster] = _gated_if_unfetched(cell, env.gated_url(checkpoint))
         if states or not clusters:
             rows.append({"id": checkpoint, "states": states})
     return rows
+
+
+def _gated_if_unfetched(cell: dict[str, Any], gated_url: str | None) -> dict[str, Any]:
+    """A gated checkpoint not fetched yet shows as ``gated``, with where to ask for access:
+    what stands between it and ``fetched`` is a licence to accept, not a download."""
+    if gated_url and cell["state"] == "not fetched":
+        cell["state"] = GATED
+        cell["message"] = f"request access at {gated_url}, then set HF_TOKEN"
+    return cell
 
 
 def _broken_rows(

@@ -37,7 +37,7 @@ from rootstock.install.envfile import EnvFile
 from rootstock.install.envs import load_installed_env, read_env_metadata, scan_installed_envs
 from rootstock.install.layout import InstallLayout
 from rootstock.install.machine import resolve_cluster
-from rootstock.install.manifest import device_kind, load_manifest
+from rootstock.install.manifest import Manifest, device_kind, load_manifest
 from rootstock.install.perms import maintainer_umask
 from rootstock.install.prune_journal import CarriedOut, finish_pending_prune
 from rootstock.ops.sources import EnvSource
@@ -74,6 +74,8 @@ class SyncRun:
     upgrade: bool = False
     #: Pack images of the builds: None follows the root (``images`` in layout.json).
     image: bool | None = None
+    #: Re-hash every recorded weight file before each verification (``--rehash``).
+    rehash: bool = False
 
 
 @dataclass
@@ -194,12 +196,21 @@ def finish_pending_prune_if_any(layout: InstallLayout) -> CarriedOut | None:
 
 
 def read_install_state(
-    layout: InstallLayout, cluster: str | None, device: str, *, verifying: bool
+    layout: InstallLayout,
+    cluster: str | None,
+    device: str,
+    *,
+    verifying: bool,
+    rehash: bool = False,
+    scope: SyncOptions | None = None,
 ) -> InstallState:
     """One read of everything the planner looks at: no uv, no worker.
 
     The cluster is resolved as ``add`` does when ``verifying`` (a shared install
-    needs ``--cluster``); otherwise a cluster that cannot be told is None.
+    needs ``--cluster``); otherwise a cluster that cannot be told is None. When
+    ``verifying``, the recorded weight files of each checkpoint in ``scope`` (its
+    ``--env`` and ``--checkpoint``; all when None) are stat'ed (``rehash``: read and
+    hashed in full), so a changed one is planned for verification.
     """
     from rootstock.version import __version__
 
@@ -212,6 +223,11 @@ def read_install_state(
         except UsageError:
             machine = None  # a shared install: builds and downloads serve every cluster
     found = scan_installed_envs(layout)
+    weights_changed = (
+        _weights_changed(layout, manifest, rehash, scope or SyncOptions())
+        if verifying
+        else frozenset()
+    )
     envs: dict[str, BuiltEnv] = {}
     for env in found.envs:
         meta = read_env_metadata(layout, env.name) or {}
@@ -241,7 +257,37 @@ def read_install_state(
         device_kind=device_kind(device),
         rootstock_version=__version__,
         pending_prune=layout.prune_journal.exists(),
+        weights_changed=weights_changed,
     )
+
+
+def _weights_changed(
+    layout: InstallLayout, manifest: Manifest, rehash: bool, scope: SyncOptions
+) -> frozenset[tuple[str, str]]:
+    """``(env, id)`` of each checkpoint whose recorded weight files changed size or
+    mtime (a stat each; ``rehash``: size or sha256, every file read), or that a worker
+    start marked for re-verification."""
+    from rootstock.install.weights import (
+        check_weights,
+        marked_for_reverification,
+        stat_mismatches,
+    )
+
+    changed = set()
+    for env_name, env in manifest.get("envs", {}).items():
+        if scope.envs and env_name not in scope.envs:
+            continue  # out of scope: never read (--rehash would hash it all)
+        for checkpoint, entry in (env.get("checkpoints") or {}).items():
+            weights = entry.get("weights")
+            if not weights or (scope.checkpoints and checkpoint not in scope.checkpoints):
+                continue
+            if rehash:
+                differs = not check_weights(layout.cache_root, weights, rehash=True).ok
+            else:
+                differs = bool(stat_mismatches(layout.cache_root, weights))
+            if differs or marked_for_reverification(layout, env_name, checkpoint):
+                changed.add((env_name, checkpoint))
+    return frozenset(changed)
 
 
 def read_declared(source: EnvSource) -> tuple[list[EnvFile], list[RejectedFile]]:
@@ -266,10 +312,22 @@ def prepare_sync(
     *,
     cluster: str | None = None,
     device: str = "cuda",
+    rehash: bool = False,
 ) -> PreparedSync:
-    """Read the install and ``source``, check the names, and plan (no uv, no worker)."""
+    """Read the install and ``source``, check the names, and plan (no uv, no worker).
+
+    ``rehash`` hashes every recorded weight file, so a changed one is planned for
+    verification even when its size and mtime are as recorded (``sync --rehash``).
+    """
     declared, rejected = read_declared(source)
-    state = read_install_state(layout, cluster, device, verifying="verify" in options.phases)
+    state = read_install_state(
+        layout,
+        cluster,
+        device,
+        verifying="verify" in options.phases,
+        rehash=rehash,
+        scope=options,
+    )
     check_scope(declared, rejected, state, options, source.label)
     plan = plan_sync(state, declared, options, rejected)
     return PreparedSync(source, state, plan, device)
@@ -300,7 +358,9 @@ def sync(
     """The whole of ``rootstock sync`` against an opened SOURCE, without printing."""
     run = run or SyncRun()
     pending = None if dry_run else finish_pending_prune_if_any(layout)
-    prepared = prepare_sync(layout, source, options, cluster=cluster, device=run.device)
+    prepared = prepare_sync(
+        layout, source, options, cluster=cluster, device=run.device, rehash=run.rehash
+    )
     report = SyncReport(prepared, dry_run, pending_prune=pending)
     if not dry_run:
         report.results = execute_plan(layout, prepared, run, hooks)
@@ -442,6 +502,8 @@ class _Executor:
             device=self._lend_slot,
             kwargs=None,
             timeout=self.run_options.verify_timeout,
+            recheck=True,
+            rehash=self.run_options.rehash,
         )
         state = verified.record["state"]
         if state == "verified":

@@ -13,8 +13,9 @@ SOURCE does not declare, and :func:`plan_sync` decides, for each declared env in
   item when its verification is stale;
 * **download** for each declared, non-custom id not fetched yet;
 * **verify**, on this cluster and device kind, for each id never verified there,
-  stale (after a rebuild or a hotfix), failed last time, or planned to be fetched
-  or rebuilt by this very sync.
+  stale (after a rebuild or a hotfix), failed or tampered last time, whose weight
+  files changed size or mtime since ``add`` (or that a worker start marked), or
+  planned to be fetched or rebuilt by this very sync.
 
 What it will not act on becomes a note: drifted checkpoints (they need ``add
 --accept-drift``), envs built by another rootstock version, variants that do not
@@ -50,6 +51,7 @@ NOT_FETCHED = "declared, not fetched"
 NEVER_VERIFIED = "never verified"
 NEWLY_FETCHED = "newly fetched"
 NEWLY_BUILT = "env rebuilt by this sync"
+WEIGHTS_CHANGED = "weight files changed since add (size or mtime)"
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,8 @@ class InstallState:
 
     ``cluster`` is None when no cluster could be named (a shared install and no
     ``--cluster``: only allowed when the verify phase is not selected).
+    ``weights_changed`` holds the ``(env, id)`` of checkpoints whose recorded weight
+    files changed size or mtime, or that a worker start marked for re-verification.
     """
 
     manifest: Manifest
@@ -103,6 +107,7 @@ class InstallState:
     device_kind: str
     rootstock_version: str
     pending_prune: bool = False
+    weights_changed: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -435,6 +440,8 @@ def _plan_checkpoints(
             current_source_hash=live_hash,
         )
         reason = _verify_reason(cell.state, cell.message, state)
+        if reason is None and (target.name, checkpoint) in state.weights_changed:
+            reason = WEIGHTS_CHANGED
         if reason is not None:
             verifies.append(PlanItem("verify", target.name, checkpoint, reason))
         elif cell.state == "drifted":
@@ -457,8 +464,8 @@ def _verify_reason(shown: str, message: str | None, state: InstallState) -> str 
         return f"{NEVER_VERIFIED} {where}"
     if shown == "stale":
         return f"stale: {message}" if message else "stale"
-    if shown == "failed":
-        return f"failed last time: {message}" if message else "failed last time"
+    if shown in ("failed", "tampered"):
+        return f"{shown} last time: {message}" if message else f"{shown} last time"
     return None
 
 

@@ -242,6 +242,8 @@ def verify_and_record(
     kwargs: dict[str, Any] | None = None,
     timeout: float = DEFAULT_VERIFY_TIMEOUT,
     accept_drift: bool = False,
+    recheck: bool = False,
+    rehash: bool = False,
 ) -> RecordedVerification:
     """Verify ``checkpoint`` (:func:`run_verification`) and record it for ``cluster``.
 
@@ -253,7 +255,17 @@ def verify_and_record(
     ``device`` is a device string, or a :data:`DeviceLease` that lends one: the
     device is held while the worker runs and given back before the manifest write,
     so a ``--jobs`` pool never keeps a GPU idle waiting on the manifest lock.
+
+    ``recheck`` (``smoke-test``, ``sync``) first compares the weight files with what
+    ``add`` recorded (:func:`rootstock.ops.integrity.recheck_weights`; ``rehash``
+    hashes every one): a changed file records ``tampered`` and no worker starts.
     """
+    if recheck:
+        tampered = _record_if_tampered(
+            layout, env, checkpoint, cluster, device=device, kwargs=kwargs, rehash=rehash
+        )
+        if tampered is not None:
+            return tampered
     lease = nullcontext(device) if isinstance(device, str) else device()
     with lease as slot:
         build, versions = build_snapshot(layout, env)
@@ -269,6 +281,35 @@ def verify_and_record(
     record = record_verification(
         layout, env.name, checkpoint, cluster, outcome.record(build), accept_drift=accept_drift
     )
+    return RecordedVerification(outcome, record)
+
+
+def _record_if_tampered(
+    layout: InstallLayout,
+    env: EnvFile,
+    checkpoint: str,
+    cluster: str,
+    *,
+    device: str | DeviceLease,
+    kwargs: dict[str, Any] | None,
+    rehash: bool,
+) -> RecordedVerification | None:
+    """Re-check the weight files; on a change, record ``tampered`` and return it."""
+    from rootstock.ops.integrity import recheck_weights
+
+    recheck = recheck_weights(layout, env.name, checkpoint, rehash=rehash)
+    if recheck.problem is None:
+        return None
+    if isinstance(device, str):
+        slot = device
+    else:
+        with device() as lent:  # only its name: the device kind the record is filed under
+            slot = lent
+    used = dict(env.verify_kwargs.get(checkpoint, {})) if kwargs is None else dict(kwargs)
+    build, _versions = build_snapshot(layout, env)
+    outcome = VerifyOutcome(checkpoint, env.name, slot, False, 0.0, None, recheck.problem, used)
+    result = {**outcome.record(build), "tampered": True}
+    record = record_verification(layout, env.name, checkpoint, cluster, result)
     return RecordedVerification(outcome, record)
 
 

@@ -11,18 +11,29 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, overload
 
 from rootstock.errors import UsageError
 from rootstock.parallel.dispatch import check_executor, scale_out
 from rootstock.runtime import DEFAULT_PROPERTIES, plan_batch, stream_batch
 
 if TYPE_CHECKING:
-    from rootstock.runtime import Outcome, RootstockCalculator
+    from rootstock.runtime import Outcome, Provenance, RootstockCalculator
 
 #: How long ``evaluate`` with an executor waits for its first chunk before it asks
 #: the engine why nothing runs (a job still queued, or refused); see docs/scale-out.md.
 DEFAULT_START_TIMEOUT = 1800.0
+
+
+class Evaluation(NamedTuple):
+    """What ``rootstock.evaluate(..., provenance=True)`` returns: ``results, provenance``."""
+
+    #: Exactly what ``evaluate`` returns without ``provenance=True``.
+    results: list[Outcome]
+    #: :attr:`RootstockCalculator.provenance <rootstock.RootstockCalculator.provenance>`
+    #: of the calculator that ran them; its ``device`` is None with an executor (each
+    #: engine worker ran the model on its own device).
+    provenance: Provenance
 
 
 def _evaluation(
@@ -34,9 +45,9 @@ def _evaluation(
     max_in_flight: int | None,
     start_timeout: float | None,
     calculator_kwargs: dict[str, Any],
-) -> Iterator[tuple[int, Outcome]]:
-    """The checked ``(index, result)`` stream behind :func:`evaluate` and
-    :func:`evaluate_iter`: in input order locally, as completed on an executor."""
+) -> tuple[RootstockCalculator, Iterator[tuple[int, Outcome]]]:
+    """The calculator and the checked ``(index, result)`` stream behind :func:`evaluate`
+    and :func:`evaluate_iter`: in input order locally, as completed on an executor."""
     from rootstock.runtime import RootstockCalculator
 
     properties = calculator_kwargs.pop("properties", DEFAULT_PROPERTIES)
@@ -59,8 +70,8 @@ def _evaluation(
     )
     plan = plan_batch(calc, images, properties, errors=errors)
     if executor is None:
-        return _closing(calc, stream_batch(calc, plan))
-    return scale_out(executor, calc, plan, max_in_flight, start_timeout)
+        return calc, _closing(calc, stream_batch(calc, plan))
+    return calc, scale_out(executor, calc, plan, max_in_flight, start_timeout)
 
 
 def _closing(
@@ -68,6 +79,36 @@ def _closing(
 ) -> Iterator[tuple[int, Outcome]]:
     with calc:
         yield from stream
+
+
+@overload
+def evaluate(
+    images: Iterable[Any],
+    checkpoint: str,
+    device: str = ...,
+    executor: Any = ...,
+    batch_size: int = ...,
+    max_in_flight: int | None = ...,
+    start_timeout: float | None = ...,
+    *,
+    provenance: Literal[False] = ...,
+    **calculator_kwargs: Any,
+) -> list[Outcome]: ...
+
+
+@overload
+def evaluate(
+    images: Iterable[Any],
+    checkpoint: str,
+    device: str = ...,
+    executor: Any = ...,
+    batch_size: int = ...,
+    max_in_flight: int | None = ...,
+    start_timeout: float | None = ...,
+    *,
+    provenance: Literal[True],
+    **calculator_kwargs: Any,
+) -> Evaluation: ...
 
 
 def evaluate(
@@ -78,8 +119,10 @@ def evaluate(
     batch_size: int = 64,
     max_in_flight: int | None = None,
     start_timeout: float | None = DEFAULT_START_TIMEOUT,
+    *,
+    provenance: bool = False,
     **calculator_kwargs: Any,
-) -> list[Outcome]:
+) -> list[Outcome] | Evaluation:
     """Every structure's results with ``checkpoint``, as a list in input order.
 
     ``executor=None`` evaluates in one calculator in this process, then closes it.
@@ -91,15 +134,24 @@ def evaluate(
     asked why nothing runs. ``properties=`` and ``errors=`` are those of
     :func:`~rootstock.runtime.calculate_batch`; every other keyword goes to
     :class:`~rootstock.runtime.RootstockCalculator`.
+
+    ``provenance=True`` returns an :class:`Evaluation` instead, ``(results,
+    provenance)``: the same list, and the calculator's provenance once beside it.
     """
-    stream = _evaluation(
+    if not isinstance(provenance, bool):
+        raise UsageError(f"provenance must be True or False, not {provenance!r}")
+    calc, stream = _evaluation(
         images, checkpoint, device, executor, batch_size, max_in_flight, start_timeout,
         calculator_kwargs,
     )  # fmt: skip
     if executor is None:
-        return [outcome for _, outcome in stream]
-    slots: dict[int, Outcome] = dict(stream)
-    return [slots[i] for i in range(len(slots))]
+        results = [outcome for _, outcome in stream]
+    else:
+        slots: dict[int, Outcome] = dict(stream)
+        results = [slots[i] for i in range(len(slots))]
+    if not provenance:
+        return results
+    return Evaluation(results, calc.provenance)
 
 
 def evaluate_iter(
@@ -119,7 +171,8 @@ def evaluate_iter(
     arguments and the checkpoint are checked on the call, before the first
     ``next()``; closing the iterator early cancels the chunks still in flight.
     """
-    return _evaluation(
+    _, stream = _evaluation(
         images, checkpoint, device, executor, batch_size, max_in_flight, start_timeout,
         calculator_kwargs,
     )  # fmt: skip
+    return stream

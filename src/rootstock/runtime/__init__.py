@@ -27,6 +27,11 @@ _FACE: dict[str, tuple[str, str]] = {
     "describe_exit": ("session", "describe_exit"),
     "FORWARDED_ARRAYS": ("session", "FORWARDED_ARRAYS"),
     "make_private_dir": ("server", "make_private_dir"),
+    # What produced a calculator's results, and the lockfile readers behind it.
+    "Provenance": ("provenance", "Provenance"),
+    "build_provenance": ("provenance", "build_provenance"),
+    "read_env_lock": ("provenance", "read_env_lock"),
+    "resolved_versions": ("provenance", "resolved_versions"),
     # Many structures through one worker.
     "calculate_batch": ("batch", "calculate_batch"),
     "plan_batch": ("batch", "plan_batch"),
@@ -64,12 +69,14 @@ __all__ = [
     "Outcome",
     "PoolFileError",
     "PoolFiles",
+    "Provenance",
     "RootstockCalculator",
     "StageRefused",
     "StagedEntry",
     "WorkerOptions",
     "WorkerSpec",
     "build_image",
+    "build_provenance",
     "calculate_batch",
     "clean_if_dead",
     "clean_stages",
@@ -80,9 +87,11 @@ __all__ = [
     "list_stages",
     "make_private_dir",
     "plan_batch",
+    "read_env_lock",
     "read_pool_json",
     "read_states",
     "resolve_worker_spec",
+    "resolved_versions",
     "run_chunk",
     "run_download",
     "spawn_env_script",
@@ -115,6 +124,12 @@ if TYPE_CHECKING:
         read_states,
     )
     from rootstock.runtime.pool.directory import read_json as read_pool_json
+    from rootstock.runtime.provenance import (
+        Provenance,
+        build_provenance,
+        read_env_lock,
+        resolved_versions,
+    )
     from rootstock.runtime.server import make_private_dir
     from rootstock.runtime.session import FORWARDED_ARRAYS, describe_exit
     from rootstock.runtime.spawn import run_download, spawn_env_script, spawn_worker

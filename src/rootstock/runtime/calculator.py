@@ -21,6 +21,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 
 from rootstock.errors import ProtocolError, UsageError, WorkerError
 from rootstock.runtime import shared
+from rootstock.runtime.provenance import Provenance, build_provenance
 from rootstock.runtime.session import WorkerSession
 from rootstock.runtime.spec import WorkerOptions, WorkerSpec, resolve_worker_spec
 from rootstock.runtime.structure import info_json, is_3d_periodic, stress_from_virial
@@ -95,6 +96,12 @@ class RootstockCalculator(Calculator):
         The device the model's parameters are on (``"cpu"``, ``"cuda:0"``, ...;
         ``"cpu"`` for a model without torch), or None before the first
         calculation and when the worker cannot tell (or predates the report).
+    provenance:
+        What produced the results (:class:`~rootstock.runtime.provenance.Provenance`):
+        checkpoint, env build id, lockfile sha256, package versions, weight hashes,
+        rootstock version, cluster and ``model_device``. Read from the install's files
+        on first access, once; after the first calculation it is also in
+        ``parameters["provenance"]``, which quacc and ASE serialise.
     """
 
     # A tuple, which ASE only iterates and searches: no caller can change the base
@@ -177,6 +184,7 @@ class RootstockCalculator(Calculator):
         self.implemented_properties = BASE_PROPERTIES
         self.model_dtype: str | None = None
         self.model_device: str | None = None
+        self._provenance: Provenance | None = None  # read on first access
 
     def _bind_sharing(
         self, batch_size: int, max_atoms_per_chunk: int, shared: bool, pool: bool | None
@@ -216,6 +224,14 @@ class RootstockCalculator(Calculator):
         if session is None or not session.alive or session.process is None:
             return None
         return session.process.staged
+
+    @property
+    def provenance(self) -> Provenance:
+        """What produced this calculator's results; ``device`` is None until the worker
+        has reported its model (the first calculation)."""
+        if self._provenance is None:
+            self._provenance = build_provenance(self.spec)
+        return {**self._provenance, "device": self.model_device}
 
     @property
     def _session(self) -> WorkerSession | None:
@@ -281,6 +297,8 @@ class RootstockCalculator(Calculator):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        # A copy pickled before provenance existed reads it afresh on first access.
+        self.__dict__.setdefault("_provenance", None)
         self._hold = shared.Holder()
         self._call_lock = threading.RLock()
 
@@ -389,6 +407,11 @@ class RootstockCalculator(Calculator):
         if want_stress:
             results["stress"] = stress_from_virial(reply.virial, atoms)
         self.results = results
+        # Where ASE and quacc (results["parameters"]) keep a calculator's metadata. A
+        # user's weights file removed since the worker loaded it costs the record, not
+        # the result.
+        with contextlib.suppress(OSError):
+            self.parameters["provenance"] = self.provenance
 
     def calculate_batch(
         self,

@@ -9,7 +9,9 @@ from the worker's output and exit status:
 * no network on this node (a compute node): fetch on a login node with
   ``add --no-verify``, then verify here;
 * HTTP 401 or 403 from a hub: gated weights, whose licence must be accepted on the
-  model's page, with ``HF_TOKEN`` set;
+  model's page, with ``HF_TOKEN`` set; for a checkpoint whose ``CHECKPOINT_INFO``
+  names its ``gated`` URL, the one line :func:`gated_message` says, which is also
+  what :func:`require_hf_token` says before a download that has no token to try;
 * a full disk (``ENOSPC``): the filesystem of the cache root and its free space;
 * SIGKILL with no timeout of ours: most likely the out-of-memory killer;
 * our own timeout: the option that raises it.
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from rootstock.errors import WorkerError
 from rootstock.install.layout import InstallLayout
+from rootstock.runtime.worker_env import find_hf_token, real_home
 
 #: The ``add`` option that sets the download phase's time limit.
 DOWNLOAD_TIMEOUT_OPTION = "--download-timeout"
@@ -63,7 +66,7 @@ class DownloadFailed(WorkerError):
         message: str,
         *,
         cause: str,
-        hint: str,
+        hint: str | None,
         log_path: Path | None,
         output_tail: str = "",
     ) -> None:
@@ -78,6 +81,31 @@ class DownloadFailed(WorkerError):
         return text
 
 
+def gated_message(checkpoint: str, url: str) -> str:
+    """The one line for gated weights that cannot be fetched (no token, or no access)."""
+    return (
+        f"{checkpoint} is gated: request access at {url}, "
+        "then set HF_TOKEN (or ~/.cache/huggingface/token)"
+    )
+
+
+def require_hf_token(
+    checkpoint: str, gated_url: str, environ: dict[str, str] | None = None
+) -> None:
+    """Refuse, before any download starts, gated weights with no Hugging Face token.
+
+    The token is looked for where the worker's environment finds it
+    (:func:`~rootstock.runtime.worker_env.find_hf_token`); a token without access
+    is only found out by the hub, which :func:`download_failure` reports the same way.
+    """
+    env = dict(os.environ if environ is None else environ)
+    token, _source = find_hf_token(env, real_home(env))
+    if not token:
+        raise DownloadFailed(
+            gated_message(checkpoint, gated_url), cause="gated", hint=None, log_path=None
+        )
+
+
 def download_failure(
     layout: InstallLayout,
     env_name: str,
@@ -87,18 +115,24 @@ def download_failure(
     exit_code: int | None,
     timeout: float,
     timed_out: bool,
+    gated_url: str | None = None,
 ) -> DownloadFailed:
     """The error for a failed download: its cause and fix, and the log file it saved.
 
     ``output`` is the worker's output, ``exit_code`` its status (negative: the signal
     that killed it), ``timed_out`` whether our own ``timeout`` stopped it.
+    ``gated_url`` is the checkpoint's ``CHECKPOINT_INFO`` ``gated`` URL, if any: a
+    hub's 401 or 403 is then said as :func:`gated_message`.
     """
     log_path, problem = save_download_log(layout, checkpoint, output)
     cause, message, hint = _classify(
         layout, env_name, checkpoint, output, exit_code, timeout, timed_out
     )
+    if cause == "gated" and gated_url:
+        message, hint = gated_message(checkpoint, gated_url), ""
     if problem is not None:
-        hint += f" (the worker's output could not be saved: {problem}; its end is below)"
+        unsaved = f"(the worker's output could not be saved: {problem}; its end is below)"
+        hint = f"{hint} {unsaved}" if hint else unsaved
     tail = "" if log_path is not None else "\n".join(output.splitlines()[-40:])
     return DownloadFailed(message, cause=cause, hint=hint, log_path=log_path, output_tail=tail)
 

@@ -46,6 +46,7 @@ from rootstock.errors import EnvNotFound, WorkerError
 from rootstock.install.parsing import NotRegularFile, ParseProblem, loads_json, open_regular_file
 from rootstock.runtime.server import make_private_dir
 from rootstock.runtime.stage import GENERATION_ENV, Stage, stage_for_worker, stage_mode
+from rootstock.runtime.weights_watch import check_weights_at_start
 from rootstock.runtime.worker_env import worker_environment
 from rootstock.wire.framing import CHECK_DEVICE_ENV, DOWNLOAD_RESULT_ENV
 from rootstock.wire.lifeline import LIFELINE_ENV, Lifeline, script_command
@@ -330,6 +331,9 @@ def spawn_worker(
     :meth:`WorkerProcess.stop` or :meth:`WorkerProcess.cleanup` cut it.
     """
     layout, env_name = spec.layout, spec.env_name
+    if mode != "download":
+        # A stat per recorded weight file; warns and marks, never refuses.
+        check_weights_at_start(layout, env_name, spec.checkpoint)
     # The download phase (add, sync) is a fetch on a login node: nothing to stage for.
     staging = "off" if mode == "download" else stage_mode(spec.stage)
     stage = stage_for_worker(layout, env_name, staging)
@@ -428,6 +432,7 @@ def run_download(
     checkpoint: str,
     setup_kwargs: dict[str, Any] | None = None,
     timeout: float = 3600.0,
+    gated_url: str | None = None,
 ) -> list[str]:
     """Run the fetch phase of ``add``: a worker in ``download`` mode, CPU, network on.
 
@@ -437,8 +442,14 @@ def run_download(
     :class:`~rootstock.runtime.download_failure.DownloadFailed`, naming the cause and
     the fix and the log file with the worker's whole output, when the env's
     ``download()`` (or ``setup()``) fails, or when it runs past ``timeout``.
+    ``gated_url`` (the checkpoint's ``CHECKPOINT_INFO`` ``gated``): then a run with no
+    Hugging Face token is refused before the worker starts, and a hub's 401 or 403 is
+    said the same way (:func:`~rootstock.runtime.download_failure.gated_message`).
     """
-    from rootstock.runtime.download_failure import download_failure
+    from rootstock.runtime.download_failure import download_failure, require_hf_token
+
+    if gated_url:
+        require_hf_token(checkpoint, gated_url)
     from rootstock.runtime.spec import WorkerSpec
 
     spec = WorkerSpec(
@@ -470,6 +481,7 @@ def run_download(
                 exit_code=code if finished else None,
                 timeout=timeout,
                 timed_out=not finished,
+                gated_url=gated_url,
             )
         return _read_download_result(result_file)
     finally:

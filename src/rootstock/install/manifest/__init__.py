@@ -37,6 +37,7 @@ from rootstock.install.manifest.records import (
     record_env_build,
     record_fetch,
     record_verification,
+    record_weights,
 )
 from rootstock.install.manifest.schema import (
     ENV_BUILD_FIELDS,
@@ -72,6 +73,7 @@ from rootstock.install.manifest.types import (
     Reference,
     Verification,
     VerificationState,
+    WeightFile,
 )
 
 __all__ = [
@@ -97,6 +99,7 @@ __all__ = [
     "Reference",
     "Verification",
     "VerificationState",
+    "WeightFile",
     "canonical_kwargs",
     "checkpoint_state",
     "cluster_view",
@@ -114,6 +117,7 @@ __all__ = [
     "record_env_build",
     "record_fetch",
     "record_verification",
+    "record_weights",
     "update_manifest",
     "utc_now",
 ]

@@ -20,6 +20,12 @@ their kwargs too (``references``) and records the kwargs of each pass (``kwargs`
 Version 3 records each env build's squashfs image (``image``, null for an env built
 before images or without one) and how each verifying worker was started
 (``staged``, absent in older records and read as null).
+
+Version 4 adds the ``tampered`` verification state (a weight file changed since
+``add``) and each checkpoint's optional ``weights`` (size, sha256 and mtime per
+file). Nothing in a v3 file changes; the version moves so that a reader of version 3,
+which would refuse a ``tampered`` record as corrupt, says instead that a newer
+rootstock wrote the file.
 """
 
 from __future__ import annotations
@@ -167,6 +173,13 @@ def _v2_to_v3(old: RawManifest) -> RawManifest:
     return old
 
 
+def _v3_to_v4(old: RawManifest) -> RawManifest:
+    """v3 -> v4: nothing to convert; a v3 checkpoint has no ``weights`` (read as absent:
+    recorded before weights were hashed) and no record is ``tampered``."""
+    old["schema_version"] = 4
+    return old
+
+
 def _objects(mapping: Any) -> list[dict[str, Any]]:
     """The dict values of ``mapping`` (none when it is not a dict): shape checks come later."""
     if not isinstance(mapping, dict):
@@ -178,4 +191,5 @@ MIGRATIONS: dict[int, Callable[[RawManifest], RawManifest]] = {
     0: _v0_to_v1,
     1: _v1_to_v2,
     2: _v2_to_v3,
+    3: _v3_to_v4,
 }

@@ -42,6 +42,7 @@ from rootstock.install.manifest.types import (
     Reference,
     Verification,
     VerificationState,
+    WeightFile,
 )
 from rootstock.install.manifest.validate import (
     DEVICE_KINDS,
@@ -49,6 +50,7 @@ from rootstock.install.manifest.validate import (
     cache_path_problem,
     image_problem,
     opaque_problem,
+    weights_problem,
 )
 from rootstock.names import cluster_name, device_name
 
@@ -116,6 +118,7 @@ def record_fetch(
     at: str | None = None,
     timeout: float = DEFAULT_LOCK_TIMEOUT,
     files: list[str] | None = None,
+    weights: dict[str, WeightFile] | None = None,
 ) -> CheckpointRecord:
     """Stamp ``checkpoint`` (served by ``env_name``) as fetched; return its record.
 
@@ -128,6 +131,10 @@ def record_fetch(
     before the lock is taken; a union of more than
     :data:`~.validate.MAX_CHECKPOINT_FILES` drops ``files`` (unattributed) instead
     of refusing the stamp.
+
+    ``weights`` (size, sha256 and mtime of files just fetched) replace the entries of
+    those paths; entries of paths the record no longer lists are dropped, and so is
+    ``weights`` with ``files``. A malformed one raises ``ValueError`` before the lock.
     """
     stamp = at or utc_now()
     if files is not None:
@@ -135,6 +142,7 @@ def record_fetch(
             problem = cache_path_problem(path)
             if problem:
                 raise ValueError(f"files: {path!r} {problem}")
+    _check_weights_arg(weights)
     cache_root = layout.cache_root
 
     def mutate(data: Manifest) -> CheckpointRecord:
@@ -147,9 +155,59 @@ def record_fetch(
                 entry["files"] = merged
             else:
                 entry.pop("files", None)
+        _merge_weights(entry, weights or {}, ())
         return copy.deepcopy(entry)
 
     return update_manifest(layout, mutate, timeout)
+
+
+def record_weights(
+    layout: InstallLayout,
+    env_name: str,
+    checkpoint: str,
+    weights: dict[str, WeightFile],
+    dropped: list[str] | tuple[str, ...] = (),
+    timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> CheckpointRecord:
+    """Record the weight files of a fetched ``checkpoint``: ``add`` accepting the files
+    on disk, or a verification refreshing the mtime of a file whose bytes it re-hashed.
+
+    ``weights`` replace the entries of their paths, ``dropped`` paths lose theirs (a
+    listed file that is gone); paths the record's ``files`` do not list are ignored.
+    A record without ``files`` (unattributed) gets no ``weights``. A malformed one
+    raises ``ValueError`` before the lock is taken.
+    """
+    _check_weights_arg(weights)
+
+    def mutate(data: Manifest) -> CheckpointRecord:
+        entry = _checkpoint_entry(_env_entry(data, env_name), checkpoint)
+        _merge_weights(entry, weights, dropped)
+        return copy.deepcopy(entry)
+
+    return update_manifest(layout, mutate, timeout)
+
+
+def _check_weights_arg(weights: dict[str, WeightFile] | None) -> None:
+    if weights is None:
+        return
+    problem = weights_problem(weights)
+    if problem:
+        raise ValueError(f"weights: {problem}")
+
+
+def _merge_weights(
+    entry: CheckpointRecord, weights: dict[str, WeightFile], dropped: list[str] | tuple[str, ...]
+) -> None:
+    """``entry``'s weights with ``weights`` merged in, ``dropped`` and unlisted paths out."""
+    listed = entry.get("files")
+    if listed is None:
+        entry.pop("weights", None)
+        return
+    keep = set(listed) - set(dropped)
+    merged = {**entry.get("weights", {}), **copy.deepcopy(weights)}
+    kept = {path: merged[path] for path in sorted(merged) if path in keep}
+    if kept or "weights" in entry or weights:
+        entry["weights"] = kept
 
 
 def record_verification(
@@ -179,7 +237,8 @@ def record_verification(
     ``env_source.py``; missing fields default to the env's recorded build). A
     ``build.source_hash`` also refreshes the env's recorded ``source_hash`` (unless
     the ``build_id`` says a rebuild has happened since), so a hotfix is recorded
-    once it has been verified.
+    once it has been verified. ``tampered`` (with ``passed`` False) records the state
+    ``tampered``: a weight file changed since ``add``, so the model never ran.
 
     A pass is compared with the reference fingerprint for the same cluster, device
     kind and kwargs: within tolerance it is ``verified``, beyond it ``drifted``. The
@@ -196,6 +255,9 @@ def record_verification(
     if not isinstance(result.get("passed"), bool):
         raise ValueError("result['passed'] must be True or False")
     passed = result["passed"]
+    tampered = bool(result.get("tampered"))
+    if tampered and passed:
+        raise ValueError("a tampered verification cannot have passed")
     fingerprint: Fingerprint | None = result.get("fingerprint")
     if passed and not isinstance(fingerprint, dict):
         raise ValueError("a passed verification needs its fingerprint")
@@ -248,7 +310,7 @@ def record_verification(
         unrecorded = reference is None and UNRECORDED_KWARGS in references
         if unrecorded:
             reference = references[UNRECORDED_KWARGS]
-        state: VerificationState = "failed"
+        state: VerificationState = "tampered" if tampered else "failed"
         drift: JsonObject | None = None
         note = message
         if passed:

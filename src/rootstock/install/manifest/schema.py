@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from rootstock.install.manifest.types import Manifest
 from rootstock.names import cluster_name
 
-MANIFEST_VERSION = 3
-VERIFICATION_STATES = ("verified", "failed", "drifted")
+MANIFEST_VERSION = 4
+VERIFICATION_STATES = ("verified", "failed", "drifted", "tampered")
 ENV_BUILD_FIELDS = (
     "build_id",
     "source_hash",
@@ -28,6 +28,7 @@ ENV_BUILD_FIELDS = (
 )
 BUILD_REF_FIELDS = ("build_id", "source_hash", "built_at", "lock_hash")
 IMAGE_FIELDS = ("file", "sha256", "size", "compression")
+WEIGHT_FIELDS = ("size", "sha256", "mtime")
 #: How a verifying worker was started, when not from the shared env: from a squashfuse
 #: mount of the env's image, or from a node-local extracted copy.
 STAGED_MODES = ("mount", "copy")

@@ -13,6 +13,7 @@ state            meaning
 ``verified``     last pass matched the reference fingerprint (with its age)
 ``failed``       last verification failed (with a one-line reason)
 ``drifted``      last pass ran, but moved beyond tolerance from the reference
+``tampered``     a weight file changed since ``add`` recorded it; the model never ran
 ``stale``        the env was rebuilt or hotfixed since the last verification
 ===============  ===========================================================
 """
@@ -27,7 +28,15 @@ from typing import Any
 
 from rootstock.install.manifest.types import BuildRef, Checks, EnvRecord, Manifest, Verification
 
-DISPLAY_STATES = ("not fetched", "fetched", "verified", "failed", "drifted", "stale")
+DISPLAY_STATES = (
+    "not fetched",
+    "fetched",
+    "verified",
+    "failed",
+    "drifted",
+    "tampered",
+    "stale",
+)
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,7 @@ def checkpoint_state(
     )
 
 
-_RECORDED_STATES = ("verified", "failed", "drifted")
+_RECORDED_STATES = ("verified", "failed", "drifted", "tampered")
 _NEVER = datetime.min.replace(tzinfo=UTC)
 
 

@@ -19,8 +19,12 @@ The dashboard validates pushes against these same types through pydantic's
 # ``NotRequired`` from TypedDict, and ``__required_keys__`` would claim every key.
 from typing import Any, Literal, NotRequired, TypedDict
 
-VerificationState = Literal["verified", "failed", "drifted"]
-"""A stored verification outcome (``stale`` and the rest are derived, never stored)."""
+VerificationState = Literal["verified", "failed", "drifted", "tampered"]
+"""A stored verification outcome (``stale`` and the rest are derived, never stored).
+
+``tampered``: a weight file of the checkpoint no longer matches what ``add`` recorded
+(its size or sha256 changed), so the verification refused to run the model.
+"""
 
 JsonObject = dict[str, Any]
 """An open-ended JSON object whose inside the schema leaves to its writer."""
@@ -112,16 +116,32 @@ class Verification(TypedDict):
     build: NotRequired[BuildRef | None]
 
 
+class WeightFile(TypedDict):
+    """One weight file as ``add`` recorded it, just after the fetch.
+
+    ``size`` in bytes, ``sha256`` 64 lower-case hex characters, ``mtime`` the file's
+    modification time (seconds since the epoch, as ``os.stat`` gives it). Verification
+    compares size and mtime, and re-hashes when they changed (or on ``--rehash``).
+    """
+
+    size: int
+    sha256: str
+    mtime: float
+
+
 class CheckpointRecord(TypedDict, total=False):
     """A checkpoint an env serves: when it was fetched, and its verifications.
 
     ``files`` lists what the download brought, relative to the cache root (absent:
     unattributed, from before ``add`` recorded it; ``prune`` never deletes those).
+    ``weights`` maps each regular file among them (the same relative paths) to its
+    :class:`WeightFile` (absent: recorded before weights were hashed).
     ``verifications[<cluster>][<device_kind>]`` is a :class:`Verification`.
     """
 
     fetched_at: str | None
     files: list[str]
+    weights: dict[str, WeightFile]
     verifications: dict[str, dict[str, Verification]]
 
 
@@ -174,6 +194,7 @@ RECORD_TYPES: tuple[type, ...] = (
     EnvRecord,
     ImageRecord,
     CheckpointRecord,
+    WeightFile,
     Verification,
     Reference,
     Fingerprint,

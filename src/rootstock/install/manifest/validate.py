@@ -32,6 +32,7 @@ from rootstock.install.manifest.schema import (
     IMAGE_FIELDS,
     STAGED_MODES,
     VERIFICATION_STATES,
+    WEIGHT_FIELDS,
 )
 from rootstock.install.manifest.state import parse_time
 from rootstock.names import is_cluster_name, is_device_name
@@ -52,7 +53,8 @@ _TOP_KEYS = frozenset(
 _ENV_KEYS = frozenset((*ENV_TEXT_FIELDS, "built_at", "image", "checkpoints"))
 _IMAGE_KEYS = frozenset(IMAGE_FIELDS)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_CHECKPOINT_KEYS = frozenset(("fetched_at", "files", "verifications"))
+_CHECKPOINT_KEYS = frozenset(("fetched_at", "files", "weights", "verifications"))
+_WEIGHT_KEYS = frozenset(WEIGHT_FIELDS)
 #: The most entries a checkpoint's ``files`` may list; a download that brings more
 #: is recorded without ``files`` (unattributed: ``prune`` never deletes its weights).
 MAX_CHECKPOINT_FILES = 100_000
@@ -215,6 +217,9 @@ class _Walk:
         files = entry.get("files", _MISSING)
         if files is not _MISSING:
             _files(files, (*where, "files"))
+        weights = entry.get("weights", _MISSING)
+        if weights is not _MISSING:
+            _weights(weights, (*where, "weights"))
         verifications = entry.get("verifications", _MISSING)
         if verifications is not _MISSING:
             if not isinstance(verifications, dict):
@@ -439,6 +444,50 @@ def _files(files: Any, where: Path) -> None:
         problem = cache_path_problem(value)
         if problem:
             raise SchemaProblem((*where, index), problem)
+
+
+def weights_problem(value: Any) -> str | None:
+    """Why ``value`` is not a checkpoint's ``weights`` record, or None.
+
+    The message starts with the JSON path inside it at fault (``["a/b"].sha256: ...``).
+    Unknown keys of a file's entry are refused here, where a writer hands one in; a
+    reader tolerates them (:func:`check_manifest`).
+    """
+    try:
+        _weights(value, ())
+    except SchemaProblem as exc:
+        return str(exc)
+    for path, entry in value.items():
+        if not entry.keys() <= _WEIGHT_KEYS:
+            return f"{json_path(((path,),))}: unknown keys {sorted(entry.keys() - _WEIGHT_KEYS)}"
+    return None
+
+
+def _weights(weights: Any, where: Path) -> None:
+    """A checkpoint's ``weights``: clean cache-root paths to ``{size, sha256, mtime}``."""
+    if not isinstance(weights, dict):
+        raise SchemaProblem(where, _must("an object of weight files", weights))
+    if len(weights) > MAX_CHECKPOINT_FILES:
+        raise SchemaProblem(
+            where, f"must hold at most {MAX_CHECKPOINT_FILES} files, not {len(weights)}"
+        )
+    for path, entry in weights.items():
+        at = (*where, (path,))
+        problem = cache_path_problem(path)
+        if problem:
+            raise SchemaProblem(at, problem)
+        if not isinstance(entry, dict):
+            raise SchemaProblem(at, _must("an object {size, sha256, mtime}", entry))
+        size = entry.get("size", _MISSING)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise SchemaProblem((*at, "size"), _must("a non-negative integer (bytes)", size))
+        digest = entry.get("sha256", _MISSING)
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise SchemaProblem((*at, "sha256"), _must("64 lower-case hex characters", digest))
+        mtime = entry.get("mtime", _MISSING)
+        if isinstance(mtime, bool) or not _is_finite_number(mtime):
+            raise SchemaProblem((*at, "mtime"), _must("a finite number (seconds)", mtime))
+        _unknown(entry, _WEIGHT_KEYS, at)
 
 
 def _fingerprint(fingerprint: Any, parent: Path, field: str, memo: dict[str, Any]) -> None:
