@@ -282,6 +282,11 @@ def test_verify_kwargs_and_explicit_kwargs(scratch_root: Path, tmp_path: Path):
 
     assert add_json(root, "kw-declared", "--device", "cpu")["state"] == "verified"
     assert json.loads((seen / "kw-declared.json").read_text()) == {"scale": 1, "name": None}
+    # setup() rewrites that file at every start: it is the checkpoint's file (prune keeps
+    # it), but not a weight file, or the next verification would call it tampered.
+    record = json.loads((root / "manifest.json").read_text())["envs"]["kwargs"]["checkpoints"]
+    assert "cache/kwargs-seen/kw-declared.json" in record["kw-declared"]["files"]
+    assert "cache/kwargs-seen/kw-declared.json" not in record["kw-declared"].get("weights", {})
 
     # Explicit kwargs win over VERIFY_KWARGS; values are JSON-decoded, else strings.
     doc = add_json(

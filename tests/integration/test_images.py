@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rootstock.install.images import IMAGE_NAME, file_sha256
+from rootstock.install.manifest import MANIFEST_VERSION
 from tests.conftest import ROOTSTOCK, run_rootstock
 from tests.integration.images import DEADLINE_S, SAMPLE_EMT
 from tests.integration.pooling import wait_for
@@ -47,7 +48,7 @@ def test_install_packs_an_image_into_the_generation_and_records_it(image_root):
         "compression": "zstd-3",
     }
     manifest = json.loads((image_root / "manifest.json").read_text())
-    assert manifest["schema_version"] == 3
+    assert manifest["schema_version"] == MANIFEST_VERSION
     assert manifest["envs"]["emt"]["image"] == record
     assert stat.S_IMODE(image.stat().st_mode) & 0o444 == 0o444  # world-readable
     listed = set(_listing(image))

@@ -202,7 +202,10 @@ def test_resubmits_first_with_the_exact_start_time_and_its_knobs(pbs: FakePbs):
     submit = next(i for i, line in enumerate(events) if line.startswith("qsub -N"))
     smoke = next(i for i, line in enumerate(events) if line.startswith("rootstock "))
     assert submit < smoke, events  # resubmit first
-    assert events[smoke] == f"rootstock smoke-test --root {pbs.root} --push-every 5 --device cpu"
+    # The chain has never re-hashed the weights (no stamp in its HOME): this run does.
+    assert events[smoke] == (
+        f"rootstock smoke-test --root {pbs.root} --push-every 5 --rehash --device cpu"
+    )
 
     nxt = pbs.last_job()
     assert nxt["a"] == pbs_time(day + timedelta(days=3), 5)

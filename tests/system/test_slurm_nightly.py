@@ -289,7 +289,8 @@ def test_a_wall_time_kill_keeps_the_stamps_it_reached(broken_chain: NightlyChain
     info = broken_chain.wait_done(job, timeout=240)
     assert info.state == "TIMEOUT", broken_chain.report()
     log = broken_chain.log(job)
-    assert "--push-every 5 --device cpu --env slow" in log
+    # A chain's first run re-hashes the weights (--rehash): it has no stamp yet.
+    assert "--push-every 5 --rehash --device cpu --env slow" in log
     # Resubmit first: the chain survives the kill.
     nxt, _ = broken_chain.queued_by(job)
     assert broken_chain.pending() == [nxt]

@@ -242,7 +242,7 @@ def test_info_of_an_unknown_id_is_one_error_naming_the_fix(layout, capsys):
     assert any("rootstock list" in line for line in rest), err
 
 
-def test_list_shows_licences_and_marks_gated_ids(layout, capsys):
+def test_list_shows_licences_and_marks_gated_ids(layout, capsys, monkeypatch):
     code, out, _err = run(capsys, "list", "--root", str(layout.root), "--json")
     assert code == 0
     (env,) = json.loads(out)["envs"]
@@ -254,9 +254,11 @@ def test_list_shows_licences_and_marks_gated_ids(layout, capsys):
     }
     assert env["gated"] == {"toy-gated": GATED}
 
+    # A terminal wide enough that rich wraps no cell (CI's is 80 columns).
+    monkeypatch.setenv("COLUMNS", "300")
     code, out, _err = run(capsys, "list", "--root", str(layout.root))
     assert code == 0
-    text = " ".join(out.split())  # rich may wrap a cell over lines
+    text = " ".join(out.split())
     assert "licence" in text
     assert "toy-gated (gated)" in text and "toy-open (gated)" not in text
     assert "MIT (toy-open, toy-gated); custom:https://github.com/gabor1/ASL (toy-asl)" in text

@@ -7,12 +7,19 @@ just after the fetch (:func:`record_fetched_weights`, :func:`accept_weights`).
 compares size and mtime and re-hashes a file only when they changed, or every file
 with ``--rehash`` or when a worker start marked the checkpoint; a changed file
 fails the checkpoint as ``tampered`` without starting a model.
+
+A file that changes while a verification's worker runs is the model's own state (a
+cache or log its ``setup()`` rewrites on each start), not weights: the verification
+drops it from ``weights`` (:func:`drop_rewritten_weights`), and it stays in ``files``
+for ``prune``. Otherwise every verification after the first would find it changed.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from rootstock.install.envs import recorded_weights
 from rootstock.install.layout import InstallLayout
 from rootstock.install.manifest import CheckpointRecord, load_manifest, record_weights
 from rootstock.install.weights import (
@@ -71,3 +78,32 @@ def recheck_weights(
         clear_reverification_mark(layout, env_name, checkpoint)
     problem = None if check.ok else describe_change(checkpoint, check.changed)
     return Recheck(check, problem, full)
+
+
+WeightStats = dict[str, tuple[int, float] | None]
+
+
+def weight_stats(layout: InstallLayout, env_name: str, checkpoint: str) -> WeightStats:
+    """Size and mtime now of each recorded weight file (None: gone): a stat each."""
+    stats: WeightStats = {}
+    for relative in recorded_weights(layout, env_name, checkpoint):
+        try:
+            info = os.stat(layout.cache_root / relative)
+        except OSError:
+            stats[relative] = None
+            continue
+        stats[relative] = (info.st_size, info.st_mtime)
+    return stats
+
+
+def drop_rewritten_weights(
+    layout: InstallLayout, env_name: str, checkpoint: str, before: WeightStats
+) -> list[str]:
+    """Drop from ``weights`` the recorded files whose size or mtime changed since
+    ``before`` (taken just before a verification's worker started): the model wrote
+    them itself. Returns their paths; the record's ``files`` keep them."""
+    now = weight_stats(layout, env_name, checkpoint)
+    rewritten = sorted(path for path, stat in before.items() if now.get(path, stat) != stat)
+    if rewritten:
+        record_weights(layout, env_name, checkpoint, {}, rewritten)
+    return rewritten

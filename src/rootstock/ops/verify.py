@@ -30,6 +30,7 @@ from rootstock.install.manifest import (
 from rootstock.install.usage import entry_point
 from rootstock.names import is_device_name
 from rootstock.ops.checkpoints import build_snapshot
+from rootstock.ops.integrity import drop_rewritten_weights, recheck_weights, weight_stats
 
 if TYPE_CHECKING:
     import numpy as np
@@ -258,7 +259,9 @@ def verify_and_record(
 
     ``recheck`` (``smoke-test``, ``sync``) first compares the weight files with what
     ``add`` recorded (:func:`rootstock.ops.integrity.recheck_weights`; ``rehash``
-    hashes every one): a changed file records ``tampered`` and no worker starts.
+    hashes every one): a changed file records ``tampered`` and no worker starts. A
+    recorded file that the worker itself rewrote leaves ``weights``
+    (:func:`rootstock.ops.integrity.drop_rewritten_weights`).
     """
     if recheck:
         tampered = _record_if_tampered(
@@ -266,6 +269,7 @@ def verify_and_record(
         )
         if tampered is not None:
             return tampered
+    before = weight_stats(layout, env.name, checkpoint)
     lease = nullcontext(device) if isinstance(device, str) else device()
     with lease as slot:
         build, versions = build_snapshot(layout, env)
@@ -278,6 +282,7 @@ def verify_and_record(
             timeout=timeout,
             versions=versions,
         )
+    drop_rewritten_weights(layout, env.name, checkpoint, before)
     record = record_verification(
         layout, env.name, checkpoint, cluster, outcome.record(build), accept_drift=accept_drift
     )
@@ -295,8 +300,6 @@ def _record_if_tampered(
     rehash: bool,
 ) -> RecordedVerification | None:
     """Re-check the weight files; on a change, record ``tampered`` and return it."""
-    from rootstock.ops.integrity import recheck_weights
-
     recheck = recheck_weights(layout, env.name, checkpoint, rehash=rehash)
     if recheck.problem is None:
         return None
