@@ -16,12 +16,19 @@ to the first CHGNet energy against a cold start (target: <= 0.2 s and >= 50x
 faster); and the total worker RSS of 7 calculators sharing one worker against 7
 unshared ones (CHGNet; EMT in quick mode).
 
+Chunk sizes: the worker's peak RSS over a batch for fixed chunk sizes beside
+``batch_size="auto"``, with the worker's default budget and with a small
+``max_memory``, and whether auto's model calls stayed within their budget (the
+worker's memory report). On tests/envs/memory_emt.py (EMT whose batched call holds
+512 KiB per atom, standing in for a model whose memory grows with its batch), and
+on CHGNet outside quick mode.
+
 Timings are printed, never asserted.
 
     python benchmarks/throughput.py [--quick] [--json] [--root ROOT] [--no-chgnet]
 
-The envs (environments/emt.py, environments/chgnet.py, tests/envs/null_model.py)
-are built by real uv into a persistent root (``--build-dir``, default
+The envs (environments/emt.py, environments/chgnet.py, tests/envs/null_model.py,
+tests/envs/memory_emt.py) are built by real uv into a persistent root (``--build-dir``, default
 ``$ROOTSTOCK_BENCH_DIR`` or ``~/.cache/rootstock-bench/throughput``), rebuilt only
 when an env file or this checkout's rootstock changed. In quick mode a CHGNet
 build that fails or outlasts ``--build-timeout`` leaves an EMT-only report.
@@ -40,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _chunk_memory import chunk_memory, report_chunk_memory
 from _common import print_table
 from _throughput_setup import (
     InEnvModel,
@@ -49,8 +57,15 @@ from _throughput_setup import (
     worker_rss_mb,
 )
 
-CHGNET, EMT, NULL = "chgnet-0.3.0", "emt", "null"
+CHGNET, EMT, NULL, MEMORY_EMT = "chgnet-0.3.0", "emt", "null", "memory-emt"
 SHARERS = 7
+# memory-emt's batched call holds this much per atom: 4 MiB per 8-atom cell.
+MEMORY_EMT_COSTS = {"bytes_per_atom": 512 << 10}
+
+
+def chunk_sizes(fixed: list[int], small_budget: str) -> list[tuple[Any, Any]]:
+    """``(batch_size, max_memory)`` pairs: the fixed sizes, then auto twice."""
+    return [(n, None) for n in fixed] + [("auto", None), ("auto", small_budget)]
 
 
 # --- structures ---------------------------------------------------------------------------
@@ -278,6 +293,13 @@ def main() -> None:
         results["null_overhead_us"] = null_overhead(root, rattled_cells(null_count), 64, repeats)
         big = CHGNET if chgnet and not quick else EMT
         results["sharing"] = guarded("sharing", sharing_memory, root, big, images[0])
+        sections = [(MEMORY_EMT, chunk_sizes([4, 16, 64], "48MiB"), MEMORY_EMT_COSTS)]
+        if chgnet and not quick:
+            sections.append((CHGNET, chunk_sizes([4, 16, 64], "2GB"), {}))
+        results["chunk_memory"] = [
+            guarded("chunk memory", chunk_memory, root, model, images, sizes, setup)
+            for model, sizes, setup in sections
+        ]
         if chgnet:
             cold = [results["throughput"][CHGNET]["cold_first_energy_s"]]
             for _ in range(cold_runs - 1):
@@ -358,6 +380,8 @@ def report(results: dict[str, Any]) -> None:
     rows.append(("null (i)/(ii)", _fmt(lower, ".1f"), ">= 5", _meets(lower, 5)))
     rows += _pool_rows(results)
     print_table("targets", rows)
+    for section in results.get("chunk_memory", []):
+        report_chunk_memory(section)
     print(
         "\n(i) RootstockCalculator single calls  (ii) calculate_batch  (iii) the model's own "
         "batched call in its env\n(iv) the model's own loop in its env; (iii) and (iv) include "

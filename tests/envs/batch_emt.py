@@ -15,28 +15,43 @@ one structure at a time to name the failing index.
 CHECKPOINTS = {"batch-emt": "emt-with-a-batch-hook"}
 
 
-def setup(checkpoint, device="cuda", record=None, **kw):
-    """Return ASE's EMT, remembering where the hook records its calls."""
+def setup(checkpoint, device="cuda", record=None, delay=0.0, **kw):
+    """Return ASE's EMT, remembering where the hook records its calls.
+
+    ``delay`` (seconds) is added to every model call, single or batched, so that
+    concurrent clients of one pooled worker queue behind it and get merged.
+    """
+    import time
+
     from ase.calculators.emt import EMT
 
-    calc = EMT()
+    class SlowEMT(EMT):
+        def calculate(self, *args, **kwargs):
+            time.sleep(delay)
+            super().calculate(*args, **kwargs)
+
+    calc = SlowEMT() if delay else EMT()
     calc.batch_record = record
+    calc.batch_delay = delay
     return calc
 
 
 def evaluate_batch(calc, atoms_list, properties):
     """EMT on each structure, in one call; a structure EMT cannot do fails the batch."""
     import json
+    import time
 
     import numpy as np
     from ase.calculators.emt import EMT, parameters
 
-    if calc.batch_record:
-        with open(calc.batch_record, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"size": len(atoms_list), "properties": list(properties)}) + "\n")
     unknown = sorted(
         {s for atoms in atoms_list for s in atoms.get_chemical_symbols()} - set(parameters)
     )
+    if calc.batch_record:
+        with open(calc.batch_record, "a", encoding="utf-8") as fh:
+            line = {"size": len(atoms_list), "properties": list(properties)}
+            fh.write(json.dumps({**line, "failed": bool(unknown)}) + "\n")
+    time.sleep(getattr(calc, "batch_delay", 0.0))
     if unknown:
         raise ValueError(f"no EMT parameters for {', '.join(unknown)} in this batch")
     results = []

@@ -378,7 +378,10 @@ def test_the_envs_hook_gets_whole_chunks_and_a_failing_chunk_is_rerun_one_at_a_t
         record.unlink()
         uranium = cu(seed=20)
         uranium.numbers[0] = 92
-        out = calc.calculate_batch([cu(seed=21), uranium, cu(seed=22)], errors="return")
+        # A fixed count: one hook call per chunk (auto would probe with smaller calls).
+        out = calc.calculate_batch(
+            [cu(seed=21), uranium, cu(seed=22)], errors="return", batch_size=4
+        )
         # The hook failed the chunk as a whole; re-run one structure at a time, it named it.
         sizes = [json.loads(line)["size"] for line in record.read_text().splitlines()]
         assert sizes == [3, 1, 1, 1]

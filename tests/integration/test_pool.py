@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.usefixtures("runtime_isolation"), pytest.mark.timeout(
 
 # What every entry of `rootstock workers list --json` carries (docs/cli.md).
 WORKER_FIELDS = {
+    "merging",
+    "stats",
     "id",
     "checkpoint",
     "env",

@@ -529,6 +529,70 @@ def test_batchready_with_every_flag_and_an_error():
     assert (bw.FLAG_OK, bw.FLAG_FORCES, bw.FLAG_VIRIAL) == (1, 2, 4)
 
 
+# --- the memory bound and report (batch_size="auto"), added beside the above ----------
+
+GOLDEN_BATCH_WITH_MEMORY = b"".join(
+    (
+        b"BATCH       ",
+        # body length
+        x("ac000000"),
+        # n structures, JSON length
+        x("01000000 38000000"),
+        # JSON: the optional "memory" field, after everything a BATCH had before it
+        b'{"properties":["energy"],"memory":{"fraction":0.25}}    ',
+        # natoms, PBC mask (none)
+        x("01000000 00000000"),
+        # cell (none): nine zeros
+        x("00" * 72),
+        # positions: the origin
+        x("00" * 24),
+        # atomic number: H
+        x("01000000"),
+    )
+)
+
+GOLDEN_BATCHREADY_WITH_MEMORY = b"".join(
+    (
+        b"BATCHREADY  ",
+        # body length
+        x("a0000000"),
+        # n structures, JSON length
+        x("01000000 88000000"),
+        # JSON: the optional "memory" report, after the fields a BATCHREADY had before
+        b'{"errors":[],"free_energy":{},"extras":[],"memory":{"meter":"rss"'
+        b',"budget":4096,"batches":[{"structures":1,"atoms":1,"peak":512}]'
+        b"}}     ",
+        # natoms, flags (a result), energy 0.5 eV
+        x("01000000 01000000 000000000000e03f"),
+    )
+)
+
+
+def test_batch_with_a_memory_bound():
+    hydrogen = bw.BatchItem(
+        numbers=np.array([1]), pbc=np.zeros(3, dtype=bool), cell=np.zeros((3, 3)),
+        positions=np.zeros((1, 3)),
+    )  # fmt: skip
+    request = bw.BatchRequest([hydrogen], ("energy",), memory=bw.MemoryLimit(fraction=0.25))
+    assert bw.encode_batch(request) == GOLDEN_BATCH_WITH_MEMORY
+    message = read_message(stream_of(GOLDEN_BATCH_WITH_MEMORY), body_timeout=5.0)
+    assert isinstance(message, bw.BatchRequest)
+    assert message.memory == bw.MemoryLimit(fraction=0.25)
+
+
+def test_batchready_with_a_memory_report():
+    report = {
+        "meter": "rss",
+        "budget": 4096,
+        "batches": [{"structures": 1, "atoms": 1, "peak": 512}],
+    }
+    reply = bw.BatchReply([bw.ItemResult(energy=0.5)], None, report)
+    assert bw.encode_batchready(reply, [1]) == GOLDEN_BATCHREADY_WITH_MEMORY
+    read = bw.read_batch_reply(stream_of(GOLDEN_BATCHREADY_WITH_MEMORY), [1])
+    assert isinstance(read, bw.BatchReply) and read.memory == report
+    assert read.results == [bw.ItemResult(energy=0.5)]
+
+
 # --- RSDEADLINE (client to pool daemon) -----------------------------------------------
 
 

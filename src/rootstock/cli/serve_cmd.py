@@ -32,6 +32,13 @@ from rootstock.cli.options import setup_options, timeout_seconds
     show_default=True,
     help="Seconds to keep retrying until the server is up (0: forever).",
 )
+@click.option(
+    "--pool",
+    is_flag=True,
+    help="Compute through your pooled worker for CHECKPOINT on this node, shared with "
+    "other serve processes and calculators (pool=True); their calls are merged into one "
+    "model batch when the env has an evaluate_batch hook.",
+)
 @root_options
 def serve(
     checkpoint: str,
@@ -41,6 +48,7 @@ def serve(
     weights: str | None,
     structure: str | None,
     connect_timeout: float,
+    pool: bool,
     root: str | None,
     cluster: str | None,
     cache_root: str | None,
@@ -61,6 +69,11 @@ def serve(
         root, cluster, cache_root, device=device, setup_kwargs=setup_kwargs, weights=weights
     )
     result = run_serve(
-        checkpoint, socket_path, options, structure=structure, connect_timeout=connect_timeout
+        checkpoint,
+        socket_path,
+        options,
+        structure=structure,
+        connect_timeout=connect_timeout,
+        pool=pool,
     )
     click.echo(f"served {result.checkpoint} (env {result.env_name}) on {result.socket}", err=True)

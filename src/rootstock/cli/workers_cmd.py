@@ -94,7 +94,9 @@ def list_workers(as_json: bool) -> None:
         click.echo("no pooled workers are running")
         return
     columns = ["id", "checkpoint", "env", "device", "daemon", "worker", "clients", "started"]
-    tab = table(None, [*columns, "idle timeout", "stale"], whole=("id", "checkpoint", "env"))
+    tab = table(
+        None, [*columns, "idle timeout", "stale", "merged"], whole=("id", "checkpoint", "env")
+    )
     for w in found:
         tab.add_row(
             w.id,
@@ -107,6 +109,7 @@ def list_workers(as_json: bool) -> None:
             w.started,
             f"{w.idle_timeout:g} s",
             "stale" if w.stale else "-",
+            _merged(w.stats),
         )
     print_table(console(), tab)
 
@@ -133,3 +136,16 @@ def stop(ids: tuple[str, ...], all_workers: bool, as_json: bool) -> None:
         click.echo(f"stopped {w.id} ({w.checkpoint}, daemon pid {w.daemon_pid})", err=True)
     if not stopped:
         click.echo("no pooled workers were running", err=True)
+
+
+def _merged(stats: dict) -> str:
+    """``3/120 (mean 2.5)``: merged batches of all turns at the worker, and the mean
+    single calls per turn; ``-`` before the first."""
+    batches, merged, mean = (
+        stats.get("batches"),
+        stats.get("merged_batches"),
+        stats.get("batch_size_mean"),
+    )
+    if not batches or mean is None:
+        return "-"
+    return f"{merged}/{batches} (mean {mean:.1f})"

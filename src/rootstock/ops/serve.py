@@ -45,6 +45,7 @@ def serve(
     *,
     structure: str | os.PathLike[str] | None = None,
     connect_timeout: float | None = None,
+    pool: bool = False,
 ) -> ServeResult:
     """Serve ``checkpoint`` on ``socket_path`` until the server finishes.
 
@@ -54,6 +55,11 @@ def serve(
     string or socket path that can never work is a :class:`UsageError` before the
     install is read or anything is started. A missing ``structure`` is one too,
     raised before the worker starts: standard servers send no species.
+
+    With ``pool``, this process is the server's client, and it computes through the
+    user's pooled worker for the checkpoint (:func:`serve_pooled`): several ``serve``
+    processes (i-PI drivers) then share one warm worker, which merges their calls
+    into one model batch when the env has an ``evaluate_batch`` hook.
     """
     device = device_name(options.device)
     socket_file = check_socket_path(socket_path)
@@ -75,6 +81,8 @@ def serve(
     structure_file = Path(structure).expanduser().absolute()
     if not structure_file.is_file():
         raise UsageError(f"structure file {structure_file} does not exist")
+    if pool:
+        return serve_pooled(checkpoint, socket_file, options, structure_file, connect_timeout)
     process = spawn_worker(
         spec,
         socket_path=socket_file,
@@ -108,6 +116,60 @@ def serve(
             hint="its output is above; run with ROOTSTOCK_WORKER_LOG=FILE to keep it",
         )
     return ServeResult(checkpoint, spec.env_name, str(socket_file), process.pid, code)
+
+
+def serve_pooled(
+    checkpoint: str,
+    socket_file: Path,
+    options: WorkerOptions,
+    structure_file: Path,
+    connect_timeout: float | None,
+) -> ServeResult:
+    """Be the i-PI server's client here, computing through the pooled worker.
+
+    The worker's own i-PI loop (:class:`rootstock.worker.loop.ServeLoop`) answers
+    the server, with a pooled :class:`RootstockCalculator` as its model: the
+    structure file gives the species and PBC, each POSDATA becomes one single call
+    (a batched POSDATA, one per bead), and a model error ends the session as it does
+    for a worker of its own (the connection closes, so the server stops).
+    """
+    from ase.io import read
+
+    from rootstock.runtime import RootstockCalculator
+    from rootstock.wire.framing import FrameStream
+    from rootstock.worker.loop import ServeLoop
+    from rootstock.worker.main import connect
+    from rootstock.worker.model import ModelRunner
+
+    template = read(structure_file)
+    calc = RootstockCalculator(
+        checkpoint,
+        root=options.root,
+        cluster=options.cluster,
+        cache_root=options.cache_root,
+        device=options.device,
+        setup_kwargs=options.setup_kwargs,
+        weights=options.weights,
+        pool=True,
+    )
+    with calc:
+        # Attach now, so a model that cannot start fails before the server waits on us.
+        calc.get_potential_energy(template.copy())
+        runner = ModelRunner(calc, model_dtype="unknown", model_device=None)
+        runner.use_template(template)
+        stream = FrameStream(connect(str(socket_file), connect_timeout), peer="server")
+        try:
+            code = ServeLoop(stream, runner, inband_errors=False).run()
+        finally:
+            stream.close()
+        pid = calc.worker_pid
+    if code != 0:
+        raise WorkerError(
+            f"the pooled worker for {checkpoint!r} failed a calculation; the server's "
+            "connection was closed",
+            hint="the model's error is above",
+        )
+    return ServeResult(checkpoint, calc.spec.env_name, str(socket_file), pid or 0, code)
 
 
 def check_socket_path(socket_path: str | os.PathLike[str]) -> Path:

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rootstock.errors import UsageError, WorkerTimeout
@@ -58,6 +58,13 @@ class PooledWorker:
     stale: bool
     socket: str
     log: str
+    #: ``enabled`` (ROOTSTOCK_POOL_MERGE), ``worker`` (whether it takes merged calls;
+    #: None until its first reply says) and ``max_wait_ms``.
+    merging: dict[str, Any] = field(default_factory=dict)
+    #: The daemon's traffic (:class:`rootstock.runtime.pool.merging.PoolStats`):
+    #: requests, batches, merged_batches, batch_size_mean/max, queue_wait_ms p50/p99.
+    #: Written every 2 s while it changes; empty from a daemon older than the counters.
+    stats: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The documented JSON object."""
@@ -80,7 +87,13 @@ def _record(state: dict[str, Any]) -> PooledWorker:
         stale=bool(state.get("stale")),
         socket=str(state.get("socket", "")),
         log=str(state.get("log", "")),
+        merging=_object(state.get("merging")),
+        stats=_object(state.get("stats")),
     )
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def list_workers() -> list[PooledWorker]:

@@ -174,7 +174,8 @@ def _run(
         while True:
             limit = max_in_flight or 2 * max(1, engine.workers(), engine.capacity())
             while queued is not None and len(pending) < limit:
-                task = ChunkTask(calc, tuple((i, a.copy()) for i, a in queued), plan.properties)
+                items = tuple((i, a.copy()) for i, a in queued)
+                task = ChunkTask(calc, items, plan.properties, plan.memory)
                 pending[engine.submit(task)] = task
                 queued = next(chunks, None)
             if not pending:

@@ -18,6 +18,7 @@ from rootstock.runtime import worker_key
 
 if TYPE_CHECKING:
     from rootstock.runtime import Outcome, RootstockCalculator
+    from rootstock.wire.batch import MemoryLimit
 
 
 @dataclass(frozen=True)
@@ -25,12 +26,14 @@ class ChunkTask:
     """One chunk of the input, as it travels to an engine worker (pickled).
 
     ``calculator`` was resolved by the client and never started: it pickles as its
-    spec and options, without a worker. ``items`` keeps the input's own indices.
+    spec and options, without a worker. ``items`` keeps the input's own indices;
+    ``memory`` is the bound the chunk's BATCH carries (``batch_size="auto"``).
     """
 
     calculator: RootstockCalculator
     items: tuple[tuple[int, Any], ...]
     properties: tuple[str, ...]
+    memory: MemoryLimit | None = None
 
     @property
     def first(self) -> int:
@@ -58,6 +61,7 @@ class WarmCache:
             calc.timeout = template.timeout
             calc.batch_size = template.batch_size
             calc.max_atoms_per_chunk = template.max_atoms_per_chunk
+            calc.max_memory = template.max_memory
         return calc
 
     def __len__(self) -> int:
@@ -90,4 +94,4 @@ def run_chunk_task(task: ChunkTask, cache: WarmCache | None = None) -> list[tupl
     from rootstock.runtime import run_chunk
 
     calc = (PROCESS_CACHE if cache is None else cache).calculator(task.calculator)
-    return run_chunk(calc, list(task.items), task.properties)
+    return run_chunk(calc, list(task.items), task.properties, task.memory)

@@ -21,6 +21,7 @@ from ase.calculators.calculator import Calculator, PropertyNotImplementedError, 
 
 from rootstock.errors import ProtocolError, UsageError, WorkerError
 from rootstock.runtime import shared
+from rootstock.runtime.batch import BatchSize, checked_batch_size, planned_memory
 from rootstock.runtime.provenance import Provenance, build_provenance
 from rootstock.runtime.session import WorkerSession
 from rootstock.runtime.spec import WorkerOptions, WorkerSpec, resolve_worker_spec
@@ -29,7 +30,8 @@ from rootstock.runtime.worker_keys import worker_key
 from rootstock.wire.framing import EXTRA_PROPERTIES, ForceReply, extra_array
 
 DEFAULT_TIMEOUT = 1800.0
-DEFAULT_BATCH_SIZE = 64
+#: Chunks sized by memory in the worker (runtime/batch.py, worker/memory.py).
+DEFAULT_BATCH_SIZE: BatchSize = "auto"
 DEFAULT_MAX_ATOMS_PER_CHUNK = 20_000
 # What every instance computes; the model's extras are added once the worker says.
 BASE_PROPERTIES = ("energy", "free_energy", "forces", "stress")
@@ -67,7 +69,14 @@ class RootstockCalculator(Calculator):
     batch_size, max_atoms_per_chunk:
         How :meth:`calculate_batch` cuts its input into chunks (one round trip
         each): at most ``batch_size`` structures and ``max_atoms_per_chunk`` atoms;
-        a larger structure goes alone.
+        a larger structure goes alone. ``"auto"`` (the default) sends generous
+        chunks and lets the worker run its model in sub-batches that fit
+        ``max_memory``; an integer is a fixed count, each chunk one model call.
+    max_memory:
+        With ``batch_size="auto"``, the memory one model call may add: a fraction
+        of the device's total memory (``0.25``), bytes, or a string (``"4GB"``,
+        ``"512MiB"``, ``"25%"``). ``None``: half the free GPU memory, or a quarter
+        of the available RAM (docs/calculator.md, "Chunks that fit in memory").
     shared:
         Share one worker with the other calculators of this process that have the
         same worker key (:mod:`rootstock.runtime.worker_keys`); ``False`` gives this
@@ -120,11 +129,12 @@ class RootstockCalculator(Calculator):
         timeout: float | None = DEFAULT_TIMEOUT,
         weights: str | os.PathLike[str] | None = None,
         allow_nonfinite: bool = False,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: BatchSize = DEFAULT_BATCH_SIZE,
         max_atoms_per_chunk: int = DEFAULT_MAX_ATOMS_PER_CHUNK,
         shared: bool = True,
         pool: bool | None = None,
         stage: str | None = None,
+        max_memory: float | int | str | None = None,
     ) -> None:
         options = WorkerOptions(
             root,
@@ -136,7 +146,7 @@ class RootstockCalculator(Calculator):
             stage=stage,
         )
         self._bind(resolve_worker_spec(checkpoint, options), timeout, allow_nonfinite)
-        self._bind_sharing(batch_size, max_atoms_per_chunk, shared, pool)
+        self._bind_sharing(batch_size, max_atoms_per_chunk, shared, pool, max_memory)
 
     @classmethod
     def from_spec(
@@ -185,22 +195,31 @@ class RootstockCalculator(Calculator):
         self.model_dtype: str | None = None
         self.model_device: str | None = None
         self._provenance: Provenance | None = None  # read on first access
+        #: The worker's memory report of the last chunk sent with a memory bound
+        #: (docs/protocol.md, "Batch frames"); None before, or from a worker that
+        #: does not size by memory.
+        self.memory_report: dict[str, Any] | None = None
 
     def _bind_sharing(
-        self, batch_size: int, max_atoms_per_chunk: int, shared: bool, pool: bool | None
+        self,
+        batch_size: BatchSize,
+        max_atoms_per_chunk: int,
+        shared: bool,
+        pool: bool | None,
+        max_memory: float | int | str | None = None,
     ) -> None:
-        for name, value in (
-            ("batch_size", batch_size),
-            ("max_atoms_per_chunk", max_atoms_per_chunk),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise UsageError(f"{name} must be a positive integer, not {value!r}")
+        batch_size = checked_batch_size(batch_size)
+        planned_memory(batch_size, max_memory, None)  # checked now, used per batch
+        value = max_atoms_per_chunk
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UsageError(f"max_atoms_per_chunk must be a positive integer, not {value!r}")
         if not isinstance(shared, bool):
             raise UsageError(f"shared must be True or False, not {shared!r}")
         if pool is not None and not isinstance(pool, bool):
             raise UsageError(f"pool must be True, False or None, not {pool!r}")
         self.batch_size = batch_size
         self.max_atoms_per_chunk = max_atoms_per_chunk
+        self.max_memory = max_memory
         self.shared = shared
         self.pool = os.environ.get("ROOTSTOCK_POOL", "") == "1" if pool is None else pool
 
@@ -299,6 +318,8 @@ class RootstockCalculator(Calculator):
         self.__dict__.update(state)
         # A copy pickled before provenance existed reads it afresh on first access.
         self.__dict__.setdefault("_provenance", None)
+        self.__dict__.setdefault("max_memory", None)
+        self.__dict__.setdefault("memory_report", None)
         self._hold = shared.Holder()
         self._call_lock = threading.RLock()
 
@@ -417,17 +438,19 @@ class RootstockCalculator(Calculator):
         self,
         images: Iterable[Any],
         properties: Iterable[str] = ("energy", "forces", "stress"),
-        batch_size: int | None = None,
+        batch_size: BatchSize | None = None,
         errors: str = "raise",
+        max_memory: float | int | str | None = None,
     ) -> list[Any]:
         """Evaluate many structures, one round trip per chunk; results in input order.
 
         ``results[i]`` is a dict with the keys and units ``calc.results`` would have
         for ``images[i]`` (see docs/calculator.md); ``calc.results`` is left alone.
+        ``batch_size`` and ``max_memory`` override the calculator's for this call.
         """
         from rootstock.runtime.batch import calculate_batch
 
-        return calculate_batch(self, images, properties, batch_size, errors)
+        return calculate_batch(self, images, properties, batch_size, errors, max_memory)
 
     def _read_extra(self, reply: ForceReply, results: dict[str, Any]) -> None:
         """Free energy, the model report and extras' values from the FORCEREADY extra JSON."""

@@ -68,12 +68,36 @@ class BatchItem:
 
 
 @dataclass(frozen=True)
+class MemoryLimit:
+    """How much memory the model calls of one BATCH may add to the worker's footprint.
+
+    ``fraction`` (0 < f <= 1) of the device's total memory, or ``nbytes``; neither
+    is the worker's default (half the free GPU memory, a quarter of the available
+    RAM). Sent as the BATCH JSON field ``memory``; its absence means what a BATCH
+    meant before the field existed: the whole chunk in one model call.
+    """
+
+    fraction: float | None = None
+    nbytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``memory`` field: ``{}``, ``{"fraction": f}`` or ``{"bytes": n}``."""
+        if self.fraction is not None:
+            return {"fraction": self.fraction}
+        if self.nbytes is not None:
+            return {"bytes": self.nbytes}
+        return {}
+
+
+@dataclass(frozen=True)
 class BatchRequest:
-    """A decoded BATCH: the structures, the properties asked for, and the NaN policy."""
+    """A decoded BATCH: the structures, the properties asked for, the NaN policy, and
+    the memory bound the worker sizes its model calls by (None: one call per chunk)."""
 
     items: list[BatchItem]
     properties: tuple[str, ...]
     allow_nonfinite: bool = False
+    memory: MemoryLimit | None = None
 
 
 @dataclass
@@ -102,10 +126,12 @@ class ItemError:
 
 @dataclass
 class BatchReply:
-    """A decoded BATCHREADY: one result or error per item, in order, and the model report."""
+    """A decoded BATCHREADY: one result or error per item, in order, the model report,
+    and the memory report (only when the BATCH asked the worker to size by memory)."""
 
     results: list[ItemResult | ItemError]
     model: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
 
 
 # --- shared helpers -------------------------------------------------------------------
@@ -222,6 +248,8 @@ def encode_batch(request: BatchRequest) -> bytes:
     }
     if arrays:
         doc["arrays"] = arrays
+    if request.memory is not None:
+        doc["memory"] = request.memory.to_json()
     natoms = np.array([item.natoms for item in items], dtype=np.int32)
     pbc = np.array([np.asarray(item.pbc, dtype=bool) for item in items], dtype=np.int32) @ _PBC_BITS
     cells = np.concatenate([np.asarray(item.cell, dtype=np.float64).reshape(9) for item in items])
@@ -263,6 +291,7 @@ def decode_batch_body(body: bytes) -> BatchRequest:
         raise ProtocolError(f"BATCH holds an atomic number outside 0..{MAX_ATOMIC_NUMBER}")
     infos = _index_map(doc, "info", count, "BATCH")
     arrays = _index_map(doc, "arrays", count, "BATCH")
+    memory = _memory_limit(doc.get("memory"))
     bounds = np.concatenate(([0], np.cumsum(natoms)))
     items = []
     for i in range(count):
@@ -280,7 +309,30 @@ def decode_batch_body(body: bytes) -> BatchRequest:
                 arrays=_item_arrays(arrays.get(i, {}), hi - lo, i),
             )
         )
-    return BatchRequest(items, tuple(properties), allow_nonfinite)
+    return BatchRequest(items, tuple(properties), allow_nonfinite, memory)
+
+
+def _memory_limit(raw: Any) -> MemoryLimit | None:
+    """The BATCH ``memory`` field; keys this reader does not know are ignored, so a
+    later client may add one."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"BATCH memory is not a JSON object: {str(raw)[:200]}")
+    fraction, nbytes = raw.get("fraction"), raw.get("bytes")
+    if fraction is not None and nbytes is not None:
+        raise ProtocolError("BATCH memory gives both a fraction and bytes")
+    if fraction is not None:
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ProtocolError(f"BATCH memory fraction is not a number: {fraction!r}")
+        if not 0 < fraction <= 1:
+            raise ProtocolError(f"BATCH memory fraction {fraction!r} is outside (0, 1]")
+        return MemoryLimit(fraction=float(fraction))
+    if nbytes is not None:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+            raise ProtocolError(f"BATCH memory bytes must be a positive integer: {nbytes!r}")
+        return MemoryLimit(nbytes=nbytes)
+    return MemoryLimit()
 
 
 def _item_arrays(raw: Any, natoms: int, index: int) -> dict[str, np.ndarray]:
@@ -352,6 +404,8 @@ def encode_batchready(reply: BatchReply, natoms: Sequence[int]) -> bytes:
     doc: dict[str, Any] = {"errors": errors, "free_energy": free, "extras": extras}
     if reply.model is not None:
         doc["model"] = reply.model
+    if reply.memory is not None:
+        doc["memory"] = reply.memory
     blocks = [
         np.asarray(natoms, dtype=np.int32),
         flags,
@@ -447,7 +501,10 @@ def decode_batchready_body(body: bytes, natoms: Sequence[int] | None = None) -> 
     model = doc.get("model")
     if model is not None and not isinstance(model, dict):
         raise ProtocolError("BATCHREADY model report is not a JSON object")
-    return BatchReply([r for r in results if r is not None], model)
+    memory = doc.get("memory")
+    if memory is not None and not isinstance(memory, dict):
+        raise ProtocolError("BATCHREADY memory report is not a JSON object")
+    return BatchReply([r for r in results if r is not None], model, memory)
 
 
 def _error_entries(doc: dict[str, Any], count: int) -> list[dict[str, Any]]:

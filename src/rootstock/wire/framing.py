@@ -82,12 +82,19 @@ EXIT = _header("EXIT")
 ERROR = _header("ERROR")
 BATCH = _header("BATCH")
 BATCHREADY = _header("BATCHREADY")
+#: Pool daemon -> worker: ``int32`` k, then k single calls ([INIT] POSDATA GETFORCE),
+#: computed as one model batch and answered by k single replies, in order. Sent only
+#: to a worker whose model report says ``"merge": true`` (docs/protocol.md).
+RSMERGE = _header("RSMERGE")
+#: The most single calls one ``RSMERGE`` may carry.
+MAX_MERGE = 1 << 12
 
 _WORDS = {
     h: h.rstrip().decode("ascii")
     for h in (
         STATUS, READY, HAVEDATA, NEEDINIT, INIT, POSDATA, GETFORCE, FORCEREADY, EXIT, ERROR,
         BATCH, BATCHREADY,
+        RSMERGE,
     )
 }  # fmt: skip
 #: Where a ``download``-mode worker writes the paths the env's ``download()`` hook

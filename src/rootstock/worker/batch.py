@@ -30,6 +30,7 @@ from rootstock.wire.batch import (
     encode_batchready,
 )
 from rootstock.wire.framing import EXTRA_PROPERTIES, encode_error, extra_array
+from rootstock.worker.memory import is_out_of_memory
 from rootstock.worker.model import (
     Evaluation,
     MalformedResult,
@@ -50,7 +51,10 @@ def run_batch(runner: ModelRunner, hook: BatchHook | None, request: BatchRequest
     """The whole reply frame to ``request``: BATCHREADY, or ERROR if the chunk failed as a
     whole (a reply that cannot be encoded, say). Per-structure failures go in the reply."""
     natoms = [item.natoms for item in request.items]
+    sized = hook is not None and request.memory is not None
     try:
+        if sized:
+            runner.chunk_sizer.take_report()  # only this batch's sub-batches are reported
         if hook is None:
             outcomes = _in_process(runner, request)
         else:
@@ -63,11 +67,12 @@ def run_batch(runner: ModelRunner, hook: BatchHook | None, request: BatchRequest
                 filled |= outcome[1]
             else:
                 results.append(outcome)
-        reply = BatchReply(results, runner.model_report(filled))
+        memory = runner.chunk_sizer.take_report() if sized else None
+        reply = BatchReply(results, runner.model_report(filled), memory)
         return encode_batchready(reply, natoms)
     except Exception as exc:
         log.error("a batch of %d structures failed as a whole: %s", len(natoms), exc)
-        return encode_error(type(exc).__name__, str(exc), _traceback_of(exc), "calculate")
+        return encode_error(type(exc).__name__, str(exc), traceback_of(exc), "calculate")
     finally:
         runner.after_batch()
 
@@ -75,7 +80,8 @@ def run_batch(runner: ModelRunner, hook: BatchHook | None, request: BatchRequest
 _Outcome = tuple[ItemResult, frozenset[str]] | ItemError
 
 
-def _traceback_of(exc: BaseException) -> str:
+def traceback_of(exc: BaseException) -> str:
+    """The text of ``exc``'s traceback; empty for a failed result check."""
     # A failed check would show only the worker's own code, never the model's.
     if isinstance(exc, MalformedResult):
         return ""
@@ -83,7 +89,7 @@ def _traceback_of(exc: BaseException) -> str:
 
 
 def _item_error(exc: BaseException) -> ItemError:
-    return ItemError(type(exc).__name__, str(exc), _traceback_of(exc))
+    return ItemError(type(exc).__name__, str(exc), traceback_of(exc))
 
 
 def _atoms_of(item: BatchItem) -> Any:
@@ -168,7 +174,8 @@ def _with_hook(runner: ModelRunner, hook: BatchHook, request: BatchRequest) -> l
 
     Stress is asked for only for 3-D periodic structures (as in a single call), so
     when it is wanted the periodic ones go in one call and the others in a second
-    call whose ``properties`` leave it out.
+    call whose ``properties`` leave it out. With the request's ``memory`` bound, a
+    group goes in sub-batches that fit it (:mod:`rootstock.worker.memory`).
     """
     properties = request.properties
     items = request.items
@@ -190,7 +197,12 @@ def _with_hook(runner: ModelRunner, hook: BatchHook, request: BatchRequest) -> l
                 outcomes[i] = _item_error(exc)
         if not built:
             continue
-        entries = _call_hook(runner.calc, hook, [atoms for _, atoms in built], group_properties)
+        atoms_list = [atoms for _, atoms in built]
+        if request.memory is None:
+            entries = _call_hook(runner.calc, hook, atoms_list, group_properties)
+        else:
+            evaluate = hook_evaluator(runner.calc, hook, group_properties)
+            entries = runner.chunk_sizer.run(atoms_list, evaluate, request.memory)
         for (i, atoms), entry in zip(built, entries, strict=True):
             try:
                 outcomes[i] = _checked_entry(
@@ -201,15 +213,36 @@ def _with_hook(runner: ModelRunner, hook: BatchHook, request: BatchRequest) -> l
     return [o for o in outcomes if o is not None]
 
 
+def hook_evaluator(
+    calc: Any, hook: BatchHook, properties: tuple[str, ...]
+) -> Callable[[list[Any]], list[Any]]:
+    """The ``evaluate`` a :class:`~rootstock.worker.memory.ChunkSizer` runs: the hook on
+    a sub-batch, with this module's one-at-a-time rerun of a whole failure, except that
+    running out of memory escapes, so the sizer halves the sub-batch first."""
+
+    def evaluate(atoms_list: list[Any]) -> list[Any]:
+        return _call_hook(calc, hook, atoms_list, properties, memory_errors_escape=True)
+
+    return evaluate
+
+
 def _call_hook(
-    calc: Any, hook: BatchHook, atoms_list: list[Any], properties: tuple[str, ...]
+    calc: Any,
+    hook: BatchHook,
+    atoms_list: list[Any],
+    properties: tuple[str, ...],
+    memory_errors_escape: bool = False,
 ) -> list[Any]:
     """The hook's entries, one per structure; a hook that fails as a whole (raises,
     or returns something other than a list of the right length) is run again one
-    structure at a time, so the failure lands on the structure that causes it."""
+    structure at a time, so the failure lands on the structure that causes it.
+    With ``memory_errors_escape``, an out-of-memory error of the whole call is
+    raised instead, for the caller to halve the call."""
     try:
         entries = _hook_list(hook(calc, atoms_list, properties), len(atoms_list))
     except Exception as exc:
+        if memory_errors_escape and is_out_of_memory(exc):
+            raise
         if len(atoms_list) == 1:
             return [exc]
         log.warning(
@@ -284,3 +317,10 @@ def _checked_entry(
                 raise MalformedResult(str(exc)) from None
     filled = frozenset(n for n in EXTRA_PROPERTIES if entry.get(n) is not None)
     return result, filled
+
+
+def evaluate_items(runner: ModelRunner, hook: BatchHook, request: BatchRequest) -> list[_Outcome]:
+    """Each item's outcome through the hook, in order: ``(ItemResult, filled)`` or an
+    ``ItemError``. The pool daemon's merged single calls (:mod:`rootstock.worker.merge`)
+    are computed here, by the same path and checks as a ``BATCH``."""
+    return _with_hook(runner, hook, request)

@@ -41,6 +41,7 @@ from rootstock.wire.framing import (
     read_length,
     read_posdata_body,
 )
+from rootstock.worker.merge import MergeRequest, read_merge_body
 from rootstock.worker.model import (
     ModelRunner,
     check_finite,
@@ -114,9 +115,10 @@ def read_batched_posdata_body(stream: FrameStream, count: int) -> BatchedPosData
 
 def read_message(
     stream: FrameStream, body_timeout: float | None = None
-) -> str | Init | PosData | BatchRequest:
+) -> str | Init | PosData | BatchRequest | MergeRequest:
     """The next server-to-worker message: a word (STATUS, GETFORCE, EXIT), Init, PosData
-    or (dialect) a :class:`~rootstock.wire.batch.BatchRequest`.
+    or (dialect) a :class:`~rootstock.wire.batch.BatchRequest`, or (the pool daemon's)
+    a :class:`~rootstock.worker.merge.MergeRequest`.
 
     The header may take as long as the server likes (an idle worker waits); once it
     has arrived, the body must follow within ``body_timeout`` seconds. Replies
@@ -132,6 +134,8 @@ def read_message(
         return read_init_body(stream)
     if word == "BATCH":
         return decode_batch_body(stream.read_bytes(read_length(stream, "BATCH")))
+    if word == "RSMERGE":
+        return read_merge_body(stream)
     if word in ("STATUS", "GETFORCE", "EXIT"):
         return word
     raise ProtocolError(f"the {stream.peer} sent {word}, which only a worker may send")
@@ -139,7 +143,7 @@ def read_message(
 
 def read_server_message(
     stream: FrameStream, body_timeout: float | None, batch_size: int
-) -> str | Init | PosData | BatchedPosData | BatchRequest:
+) -> str | Init | PosData | BatchedPosData | BatchRequest | MergeRequest:
     """The next message from the server; with ``batch_size`` > 1 a POSDATA is batched.
 
     With a batch size of 1 this is :func:`read_message` (every frame, the

@@ -34,7 +34,7 @@ from rootstock.wire.framing import (
     encode_error,
     encode_forceready,
 )
-from rootstock.worker.batch import run_batch
+from rootstock.worker.batch import evaluate_items, run_batch
 from rootstock.worker.ipi_batch import (
     BatchedPosData,
     encode_batched_forceready,
@@ -42,6 +42,7 @@ from rootstock.worker.ipi_batch import (
     init_batch_size,
     read_server_message,
 )
+from rootstock.worker.merge import MergeRequest, run_merge
 from rootstock.worker.model import MalformedResult, ModelRunner
 
 log = logging.getLogger("rootstock.worker")
@@ -108,6 +109,8 @@ class ServeLoop:
         self._initialised = False
         # Structures per POSDATA, as the standard server's INIT announced (i-PI).
         self.ipi_batch_size = 1
+        if runner is not None:
+            runner.merge_ready = inband_errors and batch_hook is not None
 
     def run(self) -> int:
         """Serve until EXIT or EOF; return the worker's exit code."""
@@ -133,6 +136,10 @@ class ServeLoop:
                 return EXIT_OK
             elif isinstance(message, BatchRequest):
                 code = self._on_batch(message)
+                if code is not None:
+                    return code
+            elif isinstance(message, MergeRequest):
+                code = self._on_merge(message)
                 if code is not None:
                     return code
 
@@ -191,6 +198,19 @@ class ServeLoop:
             )
             return None
         self.stream.send(run_batch(self.runner, self.batch_hook, request))
+        return None
+
+    def _on_merge(self, request: MergeRequest) -> int | None:
+        """The pool daemon's merged single calls: one reply per call, in order."""
+        count = len(request.calls)
+        if self.setup_error is not None:
+            self.stream.send(self.setup_error.frame() * count)
+            return EXIT_MODEL_ERROR
+        if self.runner is None or self.batch_hook is None:
+            # Never advertised: a daemon that sends it anyway is out of step.
+            raise ProtocolError("RSMERGE arrived, but this worker has no evaluate_batch hook")
+        replies = run_merge(self.runner, self.batch_hook, request, evaluate_items)
+        self.stream.send(b"".join(replies))
         return None
 
     def _on_getforce(self) -> int | None:

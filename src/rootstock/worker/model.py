@@ -19,6 +19,7 @@ allowed them.
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 import json
@@ -34,6 +35,7 @@ import numpy as np
 from rootstock.wire.framing import EXTRA_PROPERTIES, extra_array
 from rootstock.worker.device import detect_model_device
 from rootstock.worker.dtype import detect_model_dtype
+from rootstock.worker.memory import ChunkSizer
 
 log = logging.getLogger("rootstock.worker")
 
@@ -233,8 +235,12 @@ class ModelRunner:
         # so that a model filling one only on request shows it in its results.
         self._probe = self._advertised
         self._reported: frozenset[str] | None = None
-        self._report_due = True
+        # Whether the next reply carries the model report (after every INIT).
+        self.report_due = True
         self._sibling: ModelRunner | None = None
+        # The env has an evaluate_batch hook and this worker takes RSMERGE: the model
+        # report says so, which is how the pool daemon learns it may merge calls.
+        self.merge_ready = False
 
     @property
     def ready(self) -> bool:
@@ -258,7 +264,7 @@ class ModelRunner:
         self.lenient_stress = False
         self.allow_nonfinite = config.get("allow_nonfinite") is True
         self.dialect = True
-        self._report_due = True
+        self.report_due = True
         wanted = config.get("extras") or []
         if not isinstance(wanted, list):
             raise TypeError("INIT extras must be a JSON list of property names")
@@ -303,7 +309,7 @@ class ModelRunner:
         """
         result = self.evaluate(cell, positions)
         virial = np.zeros((3, 3)) if result.virial is None else result.virial
-        return result.energy, result.forces, virial, self._extra(result)
+        return result.energy, result.forces, virial, self.extra_bytes(result)
 
     def evaluate(self, cell: np.ndarray, positions: np.ndarray) -> Evaluation:
         """The checked results for one geometry of the current system (see :meth:`compute`)."""
@@ -371,13 +377,15 @@ class ModelRunner:
         """The ``model`` report: the dtype, the device (when known) and every extra seen
         filled so far (plus ``filled``)."""
         self._reported = filled | (self._reported or frozenset())
-        self._report_due = False
+        self.report_due = False
         report: dict[str, Any] = {"dtype": self.model_dtype, "extras": sorted(self._reported)}
         if self.model_device is not None:
             report["device"] = self.model_device
+        if self.merge_ready:
+            report["merge"] = True
         return report
 
-    def _extra(self, result: Evaluation) -> bytes:
+    def extra_bytes(self, result: Evaluation) -> bytes:
         """The FORCEREADY extra bytes: empty unless there is something to say."""
         doc: dict[str, Any] = {}
         if result.free_energy is not None:
@@ -386,13 +394,19 @@ class ModelRunner:
             filled = result.filled
             # Told after every INIT (a shared worker's next client has not heard it),
             # and again whenever the model fills a new extra.
-            if self._report_due or self._reported is None or not filled <= self._reported:
+            if self.report_due or self._reported is None or not filled <= self._reported:
                 doc["model"] = self.model_report(filled)
             for name, value in result.extras.items():
                 doc[name] = value.tolist()
         if not doc:
             return b""
         return json.dumps(doc).encode("ascii")
+
+    @functools.cached_property
+    def chunk_sizer(self) -> ChunkSizer:
+        """The sizer of this worker's memory-bounded batches (:mod:`rootstock.worker.memory`),
+        made on first use: what it learns of the model is kept for the worker's life."""
+        return ChunkSizer(self.model_device)
 
     def batch_sibling(self) -> ModelRunner:
         """A runner on the same model calculator for the structures of a batch.

@@ -16,6 +16,13 @@ through whole and leave the worker's system as it was. ``STATUS`` is answered he
 (``READY``), ``RSDEADLINE`` sets the caller's timeout for its next request, and
 ``EXIT`` means that client leaves.
 
+Requests queue in arrival order, and the client thread that finds the worker free
+takes the next turn for the head of the queue (there is no dispatcher thread, so a
+lone call pays no hand-off). Where the worker takes ``RSMERGE`` (its model report
+says ``"merge": true``), a turn merges the waiting single calls into one, and the
+worker answers each as if it had come alone (:mod:`rootstock.runtime.pool.merging`
+says which calls a turn takes; docs/protocol.md, "In-flight batching").
+
 What a client sends is checked before the shared worker sees it: an ``INIT`` that
 is not the dialect's JSON, or a ``BATCH`` whose body does not decode, is answered
 with an ``ERROR`` to that client alone. What the worker answers is checked against
@@ -35,17 +42,20 @@ client (its socket is unlinked).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +70,7 @@ from rootstock.runtime.pool.directory import (
     utc_now,
     write_json_atomic,
 )
+from rootstock.runtime.pool.merging import MergePolicy, PoolStats
 from rootstock.runtime.pool.relay import (
     BATCH,
     DEADLINE,
@@ -67,9 +78,10 @@ from rootstock.runtime.pool.relay import (
     RawFrame,
     ReplyBound,
     batch_problem,
+    check_init,
     deadline_seconds,
     error_payload,
-    init_problem,
+    forceready_model,
     posdata_natoms,
     read_client_frame,
     read_worker_reply,
@@ -81,11 +93,13 @@ from rootstock.runtime.worker_keys import worker_key
 from rootstock.wire.framing import (
     ERROR,
     EXIT,
+    FORCEREADY,
     GETFORCE,
     INIT,
     NEEDINIT,
     POSDATA,
     READY,
+    RSMERGE,
     STATUS,
     FrameStream,
     FrameTimeout,
@@ -131,6 +145,7 @@ class PoolClient:
         self.stream = FrameStream(conn, peer=f"pool client {ident}")
         self.init: bytes | None = None
         self.init_pending = False  # an INIT the worker has not seen yet
+        self.init_merges = False  # its system's calls may be merged with others' (no extras)
         self.refused_init: str | None = None  # why the last INIT was not accepted
         self.posdata: bytes | None = None
         self.timeout: float | None = None  # the caller's, from its RSDEADLINE
@@ -139,6 +154,37 @@ class PoolClient:
         """Wake this client's reader thread and close the connection."""
         with contextlib.suppress(OSError):
             self.conn.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass(eq=False)
+class Request:
+    """One client's request waiting for, or at, the worker.
+
+    ``call`` holds a single call's INIT and POSDATA frames (merged with others' when
+    ``mergeable``); ``body`` a client's whole BATCH frame, which always goes alone.
+    """
+
+    client: PoolClient
+    deadline: float | None
+    bound: ReplyBound
+    natoms: int
+    payload: tuple[bytes, bytes] | bytes
+    arrived: float = field(default_factory=time.monotonic)
+    taken: float | None = None
+    reply: bytes | None = None
+    raised: BaseException | None = None
+
+    @property
+    def call(self) -> tuple[bytes, bytes] | None:
+        return self.payload if isinstance(self.payload, tuple) else None
+
+    @property
+    def body(self) -> bytes | None:
+        return self.payload if isinstance(self.payload, bytes) else None
+
+    @property
+    def mergeable(self) -> bool:
+        return self.call is not None and self.client.init_merges
 
 
 class PoolDaemon:
@@ -172,6 +218,16 @@ class PoolDaemon:
         self.failure: Failure | None = None  # set before worker_failed, under worker_lock
         self._in_call = 0  # clients between a request and its answer (under _clients_lock)
         self.started = utc_now()
+        # The requests waiting for the worker, in arrival order, and whether a client
+        # thread is at the worker with a batch of them (both under _turn).
+        self.policy = MergePolicy.from_environment()
+        self._turn = threading.Condition()
+        self._queue: collections.deque[Request] = collections.deque()
+        self._leading = False
+        # Whether the worker takes RSMERGE: None until its first model report says.
+        self.worker_merges: bool | None = None
+        self.stats = PoolStats()
+        self._stats_written = -1
 
     # --- start-up -------------------------------------------------------------------
 
@@ -237,6 +293,12 @@ class PoolDaemon:
             "socket": str(self.files.socket),
             "log": str(self.files.log),
             "relay": RELAY_VERSION,
+            "merging": {
+                "enabled": self.policy.enabled,
+                "worker": self.worker_merges,
+                "max_wait_ms": self.policy.max_wait_s * 1000.0,
+            },
+            "stats": self.stats.summary(),
         }
 
     def write_state(self) -> None:
@@ -289,6 +351,9 @@ class PoolDaemon:
                 # /tmp cleaners judge a directory by its age; ours is in use.
                 with contextlib.suppress(OSError):
                     os.utime(self.files.directory)
+                if self.stats.version != self._stats_written:
+                    self._stats_written = self.stats.version
+                    self.write_state()
 
     def _check_stale(self) -> None:
         if self.stale:
@@ -368,10 +433,11 @@ class PoolDaemon:
             stream.set_deadline(None, self._check_running)
             frame = read_client_frame(stream)
             if frame.header == INIT:
-                problem = init_problem(frame)
-                if problem is None:
+                check = check_init(frame)
+                if check.problem is None:
                     client.init, client.init_pending = frame.data, True
-                client.refused_init = problem
+                    client.init_merges = check.mergeable
+                client.refused_init = check.problem
             elif frame.header == POSDATA:
                 client.posdata = frame.data
             elif frame.header == DEADLINE:
@@ -390,17 +456,22 @@ class PoolDaemon:
             raise PeerClosed("the pool daemon is stopping")
 
     def _request(self, client: PoolClient, call: Any) -> None:
-        """Answer one request; the deadline counts from its arrival (the caller's clock)."""
+        """Answer one request; the deadline counts from its arrival (the caller's clock).
+
+        ``call(client, deadline)`` gives the answer at once (a refusal) or a
+        :class:`Request` that waits its turn at the worker (:meth:`_submit`).
+        """
         deadline = None if client.timeout is None else time.monotonic() + client.timeout
         with self._clients_lock:
             self._in_call += 1
         try:
-            self._answer(client, call(client, deadline))
+            made = call(client, deadline)
+            self._answer(client, made if isinstance(made, bytes) else self._submit(made))
         finally:
             with self._clients_lock:
                 self._in_call -= 1
 
-    def _getforce(self, client: PoolClient, deadline: float | None) -> bytes:
+    def _getforce(self, client: PoolClient, deadline: float | None) -> bytes | Request:
         refused, client.refused_init = client.refused_init, None
         if refused is not None:
             client.posdata = None
@@ -417,54 +488,186 @@ class PoolDaemon:
             )
         init, posdata = client.init, client.posdata
         client.posdata = None
+        natoms = posdata_natoms(posdata)
+        return Request(client, deadline, ReplyBound(natoms=natoms), natoms, (init, posdata))
 
-        def parts() -> list[bytes]:
-            # Runs under the worker lock: only there is the worker's system known.
-            out = []
-            if self._system_of != client.ident or client.init_pending:
-                out.append(init)
-            client.init_pending = False
-            self._system_of = client.ident
-            return [*out, posdata, GETFORCE]
-
-        return self._call_worker(
-            client, parts, ReplyBound(natoms=posdata_natoms(posdata)), deadline
-        )
-
-    def _batch(self, client: PoolClient, deadline: float | None, *, frame: RawFrame) -> bytes:
+    def _batch(
+        self, client: PoolClient, deadline: float | None, *, frame: RawFrame
+    ) -> bytes | Request:
         problem, bound = batch_problem(frame)
         if problem is not None:
             return encode_error(
                 "ProtocolError", f"the pool refused this BATCH: {problem}", "", "calculate"
             )
-        return self._call_worker(client, lambda: [frame.data], bound, deadline)
+        return Request(client, deadline, bound, bound.atoms, frame.data)
+
+    # --- turns at the worker ----------------------------------------------------------
+
+    def _submit(self, request: Request) -> bytes:
+        """Queue ``request`` and wait for its answer, taking a turn at the worker with
+        whatever heads the queue whenever nobody else is at it (module
+        :mod:`rootstock.runtime.pool.merging` says what a turn takes)."""
+        with self._turn:
+            self._queue.append(request)
+            self._turn.notify_all()  # a turn that is gathering company may take it
+        while True:
+            with self._turn:
+                answer = self._await_turn(request)
+                if answer is not None:
+                    return answer
+                turn = self._take_turn()
+            try:
+                if turn:
+                    self._run_turn(turn)
+            except Exception:
+                if request in turn:
+                    raise
+                # Each request of that turn holds the error for its own client; this
+                # one's is still queued, and the loop above answers it.
+            finally:
+                with self._turn:
+                    self._leading = False
+                    self._turn.notify_all()
+
+    def _await_turn(self, request: Request) -> bytes | None:
+        """Under ``_turn``: the answer once it is there, or None when this thread is to
+        take the next turn. A request still queued when its deadline passes leaves the
+        queue unsent; one already at the worker waits for its turn to end (the turn's
+        own deadline is the earliest of its requests')."""
+        while True:
+            if request.raised is not None:
+                raise request.raised
+            if request.reply is not None:
+                return request.reply
+            if not self._leading and self._queue:
+                self._leading = True
+                return None
+            wait = TICK_S * 5
+            if request.taken is None:
+                # Still queued: a failure or a stop answers it without the worker.
+                if self.failure is not None:
+                    self._queue.remove(request)
+                    return self.failure.frame()
+                self._check_running()
+                if request.deadline is not None:
+                    left = request.deadline - time.monotonic()
+                    if left <= 0:
+                        self._queue.remove(request)
+                        return self._busy(request.client)
+                    wait = min(wait, left)
+            self._turn.wait(wait)
+
+    def _take_turn(self) -> list[Request]:
+        """Under ``_turn``: the requests of the next turn, once any gathering is over."""
+        gather = self.policy.gathering(self._queue, self.worker_merges, len(self.clients))
+        if gather > 0:
+            until = self._queue[0].arrived + gather
+            while self.policy.gathering(self._queue, self.worker_merges, len(self.clients)) > 0:
+                left = until - time.monotonic()
+                if left <= 0:
+                    break
+                self._turn.wait(left)
+        if not self._queue:  # what it gathered for left the queue at its deadline
+            return []
+        turn = self.policy.take(self._queue, self.worker_merges)
+        now = time.monotonic()
+        for request in turn:
+            request.taken = now
+        return turn
+
+    def _run_turn(self, turn: list[Request]) -> None:
+        """Send the turn to the worker and hand each request its answer."""
+        waits = [request.taken - request.arrived for request in turn if request.taken]
+        singles = sum(1 for request in turn if request.call is not None)
+        try:
+            replies = [self._one(turn[0])] if len(turn) == 1 else self._merged(turn)
+        except BaseException as exc:
+            for request in turn:
+                request.raised = exc
+            raise
+        finally:
+            self.stats.record_turn(waits, singles)
+        for request, reply in zip(turn, replies, strict=True):
+            request.reply = reply
+
+    def _one(self, request: Request) -> bytes:
+        """One call or one client BATCH, alone, as before merging existed."""
+        client = request.client
+        if request.call is None:
+            assert isinstance(request.body, bytes)
+            body = request.body
+            return self._call_worker(client, lambda: [body], [request.bound], request.deadline)[0]
+        init, posdata = request.call
+
+        def parts() -> list[bytes]:
+            # Runs under the worker lock: only there is the worker's system known.
+            return [*self._init_if_needed(client, init), posdata, GETFORCE]
+
+        reply = self._call_worker(client, parts, [request.bound], request.deadline)[0]
+        if self.worker_merges is None and reply.startswith(FORCEREADY):
+            model = forceready_model(RawFrame(FORCEREADY, reply))
+            if model is not None:
+                self.worker_merges = model.get("merge") is True
+                log.info("the worker %s merged calls", "takes" if self.worker_merges else "refuses")
+        return reply
+
+    def _merged(self, turn: list[Request]) -> list[bytes]:
+        """Several clients' single calls as one ``RSMERGE``; one reply each, in order.
+        The turn's deadline is the earliest of its requests', and a timeout message
+        names that caller's timeout."""
+        first = min(turn, key=lambda r: math.inf if r.deadline is None else r.deadline)
+
+        def parts() -> list[bytes]:
+            out = [RSMERGE, struct.pack("=i", len(turn))]
+            for request in turn:
+                assert request.call is not None  # only single calls are merged
+                init, posdata = request.call
+                out.extend((*self._init_if_needed(request.client, init), posdata, GETFORCE))
+            return out
+
+        bounds = [request.bound for request in turn]
+        return self._call_worker(first.client, parts, bounds, first.deadline)
+
+    def _init_if_needed(self, client: PoolClient, init: bytes) -> list[bytes]:
+        """Under the worker lock: the client's INIT when the worker holds another
+        system (or a newer INIT of its own is pending), and now the worker holds its."""
+        out = [init] if self._system_of != client.ident or client.init_pending else []
+        client.init_pending = False
+        self._system_of = client.ident
+        return out
+
+    def _busy(self, client: PoolClient) -> bytes:
+        return encode_error(
+            "WorkerTimeout",
+            f"the pooled worker for {self.spec.checkpoint!r} was busy with other "
+            f"clients' calls for the whole {client.timeout:g} s timeout; it is still "
+            "running, and this call was not sent to it",
+            "",
+            "queue",
+        )
 
     def _call_worker(
         self,
         client: PoolClient,
         parts: Any,
-        bound: ReplyBound,
+        bounds: list[ReplyBound],
         deadline: float | None,
-    ) -> bytes:
-        """Send ``parts()`` to the worker and read its whole reply, under the worker lock.
+    ) -> list[bytes]:
+        """Send ``parts()`` to the worker and read its replies, one per bound, under the
+        worker lock.
 
         ``parts`` is called with the lock held. The caller's ``deadline`` covers the
-        wait for the lock (the worker is then left alone) and the reply (the worker
+        wait for the lock (the worker is then left alone) and the replies (the worker
         is then stopped: it may be stuck, and every later caller would wait on it).
+        A failure answers every request of the turn with the same ``ERROR``.
         """
+        count = len(bounds)
         wait = -1.0 if deadline is None else max(deadline - time.monotonic(), 0.0)
         if not self.worker_lock.acquire(timeout=wait):
-            return encode_error(
-                "WorkerTimeout",
-                f"the pooled worker for {self.spec.checkpoint!r} was busy with other "
-                f"clients' calls for the whole {client.timeout:g} s timeout; it is still "
-                "running, and this call was not sent to it",
-                "",
-                "queue",
-            )
+            return [self._busy(client)] * count
         try:
             if self.failure is not None:
-                return self.failure.frame()
+                return [self.failure.frame()] * count
             worker = self.worker
             stream = worker.stream if worker is not None else None
             if stream is None or self.worker_failed.is_set():
@@ -473,38 +676,45 @@ class PoolDaemon:
                 remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
                 stream.set_deadline(remaining, self._check_worker)
                 stream.send(b"".join(parts()))
-                reply = read_worker_reply(stream, bound)
+                replies = [read_worker_reply(stream, bound) for bound in bounds]
             except FrameTimeout:
-                return self._fail(
-                    client,
-                    "WorkerTimeout",
-                    f"the pooled worker for {self.spec.checkpoint!r} (pid {self._worker_pid()}) "
-                    f"did not answer within the caller's {client.timeout:g} s timeout; the "
-                    "pool daemon stopped it, and the next call starts a fresh one",
-                )
+                return [
+                    self._fail(
+                        client,
+                        "WorkerTimeout",
+                        f"the pooled worker for {self.spec.checkpoint!r} "
+                        f"(pid {self._worker_pid()}) did not answer within the caller's "
+                        f"{client.timeout:g} s timeout; the pool daemon stopped it, and the "
+                        "next call starts a fresh one",
+                    )
+                ] * count
             except (WorkerDiedError, PeerClosed, ConnectionError) as exc:
                 died = exc if isinstance(exc, WorkerDiedError) else self._died()
                 text = died.message.removeprefix("the worker for ")
-                return self._fail(
-                    client,
-                    "WorkerDiedError",
-                    f"the pooled worker for {text}; the next call attaches to a fresh one",
-                    exit_code=died.worker_exit_code,
-                    output_tail=died.output_tail,
-                )
+                return [
+                    self._fail(
+                        client,
+                        "WorkerDiedError",
+                        f"the pooled worker for {text}; the next call attaches to a fresh one",
+                        exit_code=died.worker_exit_code,
+                        output_tail=died.output_tail,
+                    )
+                ] * count
             except (ProtocolError, OSError) as exc:
-                return self._fail(
-                    client,
-                    "ProtocolError",
-                    f"the pooled worker for {self.spec.checkpoint!r} (pid {self._worker_pid()}) "
-                    f"sent a malformed reply ({exc}); the pool daemon stopped it, and the "
-                    "next call starts a fresh one",
-                )
+                return [
+                    self._fail(
+                        client,
+                        "ProtocolError",
+                        f"the pooled worker for {self.spec.checkpoint!r} "
+                        f"(pid {self._worker_pid()}) sent a malformed reply ({exc}); the pool "
+                        "daemon stopped it, and the next call starts a fresh one",
+                    )
+                ] * count
         finally:
             self.worker_lock.release()
-        if reply.header == ERROR and _setup_phase(reply):
+        if any(reply.header == ERROR and _setup_phase(reply) for reply in replies):
             self.worker_failed.set()
-        return reply.data
+        return [reply.data for reply in replies]
 
     def _died(self) -> WorkerDiedError:
         """The worker closed its connection: its own exit status and output."""

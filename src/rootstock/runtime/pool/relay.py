@@ -16,15 +16,17 @@ request it answers (:class:`ReplyBound`), so a reply that declares more than the
 request can produce is refused before the daemon waits for its bytes.
 
 What a client sends is checked before it reaches the shared worker
-(:func:`init_problem`, :func:`batch_problem`): a frame the worker would choke on
+(:func:`check_init`, :func:`batch_problem`): a frame the worker would choke on
 fails that client alone.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from rootstock.errors import ProtocolError
 from rootstock.wire.batch import decode_batch_body
@@ -200,8 +202,18 @@ def _depth_exceeds(value: object, limit: int) -> bool:
     return False
 
 
-def init_problem(frame: RawFrame) -> str | None:
-    """Why a client's ``INIT`` must not reach a shared worker (None: it may).
+@dataclass(frozen=True)
+class InitCheck:
+    """What the daemon makes of a client's ``INIT``: why it is refused (None: it is
+    not), and whether that system's single calls may be merged with other clients'
+    (it asks for no extras, which the ``evaluate_batch`` hook does not return)."""
+
+    problem: str | None
+    mergeable: bool = False
+
+
+def check_init(frame: RawFrame) -> InitCheck:
+    """Whether a client's ``INIT`` may reach a shared worker, and be merged.
 
     A pooled worker is shared, so its clients must speak rootstock's dialect: a
     standard init string (which may switch i-PI batching on), invalid JSON, or
@@ -211,12 +223,30 @@ def init_problem(frame: RawFrame) -> str | None:
     try:
         config = Init(0, payload).dialect_config()
     except ProtocolError as exc:
-        return str(exc)
+        return InitCheck(str(exc))
     if config is None:
-        return "a pool client's INIT must be rootstock's JSON system description"
+        return InitCheck("a pool client's INIT must be rootstock's JSON system description")
     if _depth_exceeds(config, MAX_INIT_DEPTH):
-        return f"the INIT JSON nests deeper than {MAX_INIT_DEPTH} levels"
-    return None
+        return InitCheck(f"the INIT JSON nests deeper than {MAX_INIT_DEPTH} levels")
+    return InitCheck(None, mergeable=not config.get("extras"))
+
+
+def forceready_model(frame: RawFrame) -> dict[str, Any] | None:
+    """The model report in a raw ``FORCEREADY``'s extra JSON, or None when it has none
+    (the daemon reads it to learn whether its worker takes ``RSMERGE``)."""
+    if frame.header != FORCEREADY:
+        return None
+    (natoms,) = _INT32.unpack_from(frame.data, HEADER_LEN + 8)
+    offset = HEADER_LEN + _F64_INT32.size + 24 * natoms + _VIRIAL
+    (length,) = _INT32.unpack_from(frame.data, offset)
+    if not length:
+        return None
+    try:
+        extra = json.loads(frame.data[offset + 4 : offset + 4 + length])
+    except ValueError:
+        return None
+    model = extra.get("model") if isinstance(extra, dict) else None
+    return model if isinstance(model, dict) else None
 
 
 def batch_problem(frame: RawFrame) -> tuple[str | None, ReplyBound]:
