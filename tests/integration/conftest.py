@@ -47,7 +47,9 @@ RUNTIME_ENVS = {
     "probe": TEST_ENVS / "probe.py",
     "null": TEST_ENVS / "null_model.py",
     "batch-emt": TEST_ENVS / "batch_emt.py",
+    "memory-emt": TEST_ENVS / "memory_emt.py",
     "count-emt": TEST_ENVS / "count_emt.py",
+    "shifted-emt": TEST_ENVS / "shifted_emt.py",
 }
 
 

@@ -41,7 +41,7 @@ def _evaluation(
     checkpoint: str,
     device: str,
     executor: Any,
-    batch_size: int,
+    batch_size: int | str,
     max_in_flight: int | None,
     start_timeout: float | None,
     calculator_kwargs: dict[str, Any],
@@ -84,10 +84,10 @@ def _closing(
 @overload
 def evaluate(
     images: Iterable[Any],
-    checkpoint: str,
+    checkpoint: str | None = ...,
     device: str = ...,
     executor: Any = ...,
-    batch_size: int = ...,
+    batch_size: int | str = ...,
     max_in_flight: int | None = ...,
     start_timeout: float | None = ...,
     *,
@@ -99,10 +99,10 @@ def evaluate(
 @overload
 def evaluate(
     images: Iterable[Any],
-    checkpoint: str,
+    checkpoint: str | None = ...,
     device: str = ...,
     executor: Any = ...,
-    batch_size: int = ...,
+    batch_size: int | str = ...,
     max_in_flight: int | None = ...,
     start_timeout: float | None = ...,
     *,
@@ -113,10 +113,10 @@ def evaluate(
 
 def evaluate(
     images: Iterable[Any],
-    checkpoint: str,
+    checkpoint: str | None = None,
     device: str = "cpu",
     executor: Any = None,
-    batch_size: int = 64,
+    batch_size: int | str = "auto",
     max_in_flight: int | None = None,
     start_timeout: float | None = DEFAULT_START_TIMEOUT,
     *,
@@ -127,19 +127,34 @@ def evaluate(
 
     ``executor=None`` evaluates in one calculator in this process, then closes it.
     A Parsl ``Config`` or ``DataFlowKernel``, or a Dask ``distributed.Client``,
-    spreads chunks of ``batch_size`` structures over the engine's workers, each
-    holding one warm Rootstock worker (see docs/scale-out.md); ``max_in_flight``
-    bounds the chunks submitted at once (default: two per engine worker), and
+    spreads chunks of ``batch_size`` structures (64 with ``"auto"``) over the
+    engine's workers, each holding one warm Rootstock worker (see
+    docs/scale-out.md); ``max_in_flight`` bounds the chunks submitted at once
+    (default: two per engine worker), and
     ``start_timeout`` is how long to wait for the first chunk before the engine is
     asked why nothing runs. ``properties=`` and ``errors=`` are those of
     :func:`~rootstock.runtime.calculate_batch`; every other keyword goes to
-    :class:`~rootstock.runtime.RootstockCalculator`.
+    :class:`~rootstock.runtime.RootstockCalculator`. ``batch_size="auto"`` (the
+    default) lets each worker run its model in sub-batches that fit ``max_memory``
+    (a calculator keyword: a fraction of the device's memory, bytes, or ``"4GB"``);
+    an integer is a fixed count per chunk, each one model call.
 
     ``provenance=True`` returns an :class:`Evaluation` instead, ``(results,
     provenance)``: the same list, and the calculator's provenance once beside it.
     """
     if not isinstance(provenance, bool):
         raise UsageError(f"provenance must be True or False, not {provenance!r}")
+    if checkpoint is None or "checkpoints" in calculator_kwargs:
+        # A committee (checkpoints=[...]): rootstock.parallel.committee.
+        from rootstock.parallel.committee import evaluate_committee
+
+        committee, outcomes = evaluate_committee(
+            images, checkpoint, device, executor, batch_size, max_in_flight, start_timeout,
+            calculator_kwargs,
+        )  # fmt: skip
+        if provenance:  # each member's provenance, by checkpoint id
+            return Evaluation(outcomes, committee.provenance)  # type: ignore[arg-type]  # {id: Provenance}
+        return outcomes
     calc, stream = _evaluation(
         images, checkpoint, device, executor, batch_size, max_in_flight, start_timeout,
         calculator_kwargs,
@@ -159,7 +174,7 @@ def evaluate_iter(
     checkpoint: str,
     device: str = "cpu",
     executor: Any = None,
-    batch_size: int = 64,
+    batch_size: int | str = "auto",
     max_in_flight: int | None = None,
     start_timeout: float | None = DEFAULT_START_TIMEOUT,
     **calculator_kwargs: Any,

@@ -15,6 +15,10 @@ from typing import TYPE_CHECKING, Any
 _FACE: dict[str, tuple[str, str]] = {
     # The calculator, and how a worker is asked for and resolved.
     "RootstockCalculator": ("calculator", "RootstockCalculator"),
+    # Several checkpoints at once, their spread, and the watch on it.
+    "CommitteeCalculator": ("committee", "CommitteeCalculator"),
+    "UncertaintyExceeded": ("committee_watch", "UncertaintyExceeded"),
+    "watch_committee": ("committee_watch", "watch"),
     "WorkerOptions": ("spec", "WorkerOptions"),
     "WorkerSpec": ("spec", "WorkerSpec"),
     "resolve_worker_spec": ("spec", "resolve_worker_spec"),
@@ -65,6 +69,7 @@ __all__ = [
     "DEFAULT_PROPERTIES",
     "FORWARDED_ARRAYS",
     "BatchPlan",
+    "CommitteeCalculator",
     "DownloadFailed",
     "Outcome",
     "PoolFileError",
@@ -73,6 +78,7 @@ __all__ = [
     "RootstockCalculator",
     "StageRefused",
     "StagedEntry",
+    "UncertaintyExceeded",
     "WorkerOptions",
     "WorkerSpec",
     "build_image",
@@ -99,6 +105,7 @@ __all__ = [
     "stage_image",
     "stage_mode",
     "stream_batch",
+    "watch_committee",
     "worker_key",
 ]
 
@@ -113,6 +120,9 @@ if TYPE_CHECKING:
         stream_batch,
     )
     from rootstock.runtime.calculator import RootstockCalculator
+    from rootstock.runtime.committee import CommitteeCalculator
+    from rootstock.runtime.committee_watch import UncertaintyExceeded
+    from rootstock.runtime.committee_watch import watch as watch_committee
     from rootstock.runtime.download_failure import DownloadFailed
     from rootstock.runtime.pool.client import clean_if_dead, ensure_daemon
     from rootstock.runtime.pool.daemon import DEFAULT_IDLE_TIMEOUT
