@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
 def timed(func: Callable[[], object]) -> float:
@@ -81,3 +82,27 @@ def write_built_env(
     }
     (env_dir / "rootstock-env.json").write_text(json.dumps(metadata))
     return build
+
+
+def single_calls(calc: Any, images: list[Any]) -> tuple[float, list[float]]:
+    """Seconds for energy, forces and stress of each structure in turn (one call each,
+    stress asked for last), and the energies."""
+    energies = []
+    start = time.perf_counter()
+    for atoms in images:
+        atoms.calc = calc
+        energies.append(atoms.get_potential_energy())
+        atoms.get_forces()
+        atoms.get_stress()
+    elapsed = time.perf_counter() - start
+    for atoms in images:
+        atoms.calc = None
+    return elapsed, energies
+
+
+def batched(calc: Any, images: list[Any], batch_size: int) -> tuple[float, list[float]]:
+    """Seconds for one ``calculate_batch`` over ``images``, and the energies."""
+    start = time.perf_counter()
+    results = calc.calculate_batch(images, batch_size=batch_size)
+    elapsed = time.perf_counter() - start
+    return elapsed, [r["energy"] for r in results]

@@ -23,6 +23,7 @@ IN_ENV_SCRIPT = Path(__file__).resolve().parent / "_throughput_env.py"
 ENV_FILES = {
     "emt": REPO / "environments" / "emt.py",
     "null": REPO / "tests" / "envs" / "null_model.py",
+    "memory-emt": REPO / "tests" / "envs" / "memory_emt.py",
     "chgnet": REPO / "environments" / "chgnet.py",
 }
 ROOTSTOCK = [sys.executable, "-m", "rootstock.cli.main"]
@@ -122,7 +123,7 @@ def prepare_root(args: argparse.Namespace, quick: bool, work: Path) -> tuple[Pat
         chgnet = not args.no_chgnet and (root / "envs" / "chgnet").exists()
         return root, chgnet, "" if chgnet or args.no_chgnet else f"no chgnet env in {root}"
     root = Path(args.build_dir) if args.build_dir else default_build_dir()
-    build_root(root, ["emt", "null"], work, {})
+    build_root(root, ["emt", "null", "memory-emt"], work, {})
     if args.no_chgnet:
         return root, False, "CHGNet skipped (--no-chgnet)"
     timeout = args.build_timeout or (300.0 if quick else 2400.0)

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import print_table
+from _common import batched, print_table, single_calls
 from _throughput_setup import (
     ENV_FILES,
     REPO,
@@ -111,29 +111,6 @@ def rattled_cells(count: int) -> list[Any]:
         atoms.rattle(0.05, seed=seed)
         images.append(atoms)
     return images
-
-
-def single_calls(calc: Any, images: list[Any]) -> tuple[float, list[float]]:
-    """Seconds for energy, forces and stress of each structure in turn, and the energies."""
-    energies = []
-    start = time.perf_counter()
-    for atoms in images:
-        atoms.calc = calc
-        energies.append(atoms.get_potential_energy())
-        atoms.get_forces()
-        atoms.get_stress()
-    elapsed = time.perf_counter() - start
-    for atoms in images:
-        atoms.calc = None
-    return elapsed, energies
-
-
-def batched(calc: Any, images: list[Any], batch_size: int) -> tuple[float, list[float]]:
-    """Seconds for one ``calculate_batch`` over ``images``, and the energies."""
-    start = time.perf_counter()
-    results = calc.calculate_batch(images, batch_size=batch_size)
-    elapsed = time.perf_counter() - start
-    return elapsed, [r["energy"] for r in results]
 
 
 # --- the measurement ------------------------------------------------------------------------

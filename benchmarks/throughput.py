@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _chunk_memory import chunk_memory, report_chunk_memory
-from _common import print_table
+from _common import batched, print_table, single_calls
 from _throughput_setup import (
     InEnvModel,
     prepare_root,
@@ -105,30 +105,7 @@ def calculator(root: Path, checkpoint: str, **kwargs: Any) -> Any:
     return RootstockCalculator(checkpoint, root=root, device="cpu", **options)
 
 
-# --- (i) and (ii) ---------------------------------------------------------------------------
-
-
-def single_calls(calc: Any, images: list[Any]) -> tuple[float, list[float]]:
-    """Seconds for (i), and its energies."""
-    energies = []
-    start = time.perf_counter()
-    for atoms in images:
-        atoms.calc = calc
-        energies.append(atoms.get_potential_energy())
-        atoms.get_forces()
-        atoms.get_stress()
-    elapsed = time.perf_counter() - start
-    for atoms in images:
-        atoms.calc = None
-    return elapsed, energies
-
-
-def batched(calc: Any, images: list[Any], batch_size: int) -> tuple[float, list[float]]:
-    """Seconds for (ii), and its energies."""
-    start = time.perf_counter()
-    results = calc.calculate_batch(images, batch_size=batch_size)
-    elapsed = time.perf_counter() - start
-    return elapsed, [r["energy"] for r in results]
+# --- (i) and (ii) are _common.single_calls and _common.batched; the first energy -------
 
 
 def first_energy(root: Path, checkpoint: str, atoms: Any, **kwargs: Any) -> tuple[float, Any]:

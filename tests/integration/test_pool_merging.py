@@ -82,6 +82,18 @@ def setup_kwargs(record: Path) -> dict:
     return {"record": str(record), "delay": DELAY}
 
 
+def pooled_clients(root: Path, record: Path, count: int) -> list[RootstockCalculator]:
+    """``count`` calculators in this process, each its own connection to one pooled
+    batch-emt worker (shared=False), as separate processes would be."""
+    return [
+        RootstockCalculator(
+            "batch-emt", root=root, device="cpu", pool=True, shared=False,
+            setup_kwargs=setup_kwargs(record),
+        )
+        for _ in range(count)
+    ]  # fmt: skip
+
+
 def hook_calls(record: Path) -> list[dict]:
     if not record.exists():
         return []
@@ -182,14 +194,7 @@ def test_a_bad_structure_fails_only_its_own_client(fake_built_root, pool_dir, tm
     as a whole, the worker re-runs it one at a time, and only that client errs."""
     _, remember = pool_dir
     record = tmp_path / "hook.jsonl"
-    kwargs = setup_kwargs(record)
-    calcs = [
-        RootstockCalculator(
-            "batch-emt", root=fake_built_root, device="cpu", pool=True, shared=False,
-            setup_kwargs=kwargs,
-        )
-        for _ in range(4)
-    ]  # fmt: skip
+    calcs = pooled_clients(fake_built_root, record, 4)
     errors: list[str] = []
     wrong: list[str] = []
     bad_errors: list[WorkerError] = []
@@ -270,13 +275,7 @@ def test_a_client_killed_while_queued_or_merged_leaves_the_others_served(
 ):
     _, remember = pool_dir
     record = tmp_path / "hook.jsonl"
-    calcs = [
-        RootstockCalculator(
-            "batch-emt", root=fake_built_root, device="cpu", pool=True, shared=False,
-            setup_kwargs=setup_kwargs(record),
-        )
-        for _ in range(3)
-    ]  # fmt: skip
+    calcs = pooled_clients(fake_built_root, record, 3)
     victims = [
         subprocess.Popen(
             [sys.executable, "-c", VICTIM, str(fake_built_root), str(record), str(DELAY)],
@@ -339,13 +338,7 @@ def test_calls_of_a_client_asking_for_extras_are_not_merged(fake_built_root, poo
     """The hook returns no extras, so a system that asks for some goes alone."""
     _, remember = pool_dir
     record = tmp_path / "hook.jsonl"
-    calcs = [
-        RootstockCalculator(
-            "batch-emt", root=fake_built_root, device="cpu", pool=True, shared=False,
-            setup_kwargs=setup_kwargs(record),
-        )
-        for _ in range(3)
-    ]  # fmt: skip
+    calcs = pooled_clients(fake_built_root, record, 3)
     try:
 
         def energies(calc: RootstockCalculator, out: list) -> None:
