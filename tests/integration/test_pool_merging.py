@@ -156,7 +156,10 @@ def test_eight_clients_are_merged_and_each_gets_its_own_results(
     worker = the_worker()
     stats = worker.stats
     assert worker.merging == {"enabled": True, "worker": True, "max_wait_ms": 0.0}
-    assert 1 <= stats["merged_batches"] <= len(merged)
+    # Every call of a merged turn reaches the hook (the worker's first sized calls may
+    # split a turn in its memory probe, so hook calls are not turns).
+    assert stats["merged_batches"] >= 1
+    assert sum(call["size"] for call in hook_calls(record)) >= 2 * stats["merged_batches"]
     assert len(SYSTEMS) >= stats["batch_size_max"] >= max(call["size"] for call in merged)
     assert stats["batches"] < stats["requests"]
     assert stats["batch_size_mean"] == pytest.approx(stats["requests"] / stats["batches"])
